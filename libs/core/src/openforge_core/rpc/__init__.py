@@ -1,0 +1,1 @@
+"""gRPC server and client kit shared by every service."""

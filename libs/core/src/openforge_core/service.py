@@ -1,0 +1,88 @@
+"""The one ``main`` every service runs: settings → telemetry → app → serve.
+
+A service provides an :class:`App` (its composition root) and calls
+:func:`run_service` from ``__main__``. Health reports SERVING only after
+``App.start`` returned (dependencies connected, model loaded...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+import grpc
+import structlog
+
+from openforge_core.rpc.server import GrpcServer, install_signal_handlers
+from openforge_core.settings import ServiceSettings
+from openforge_core.telemetry import configure_logging, configure_tracing
+
+log = structlog.get_logger(__name__)
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+class App(Protocol):
+    """A service's composition root."""
+
+    #: Full names of the gRPC services it registers, e.g. ``openforge.proxy.v1.ProxyService``.
+    service_names: list[str]
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """Adds the servicers to ``server``."""
+
+    async def start(self) -> None:
+        """Connects dependencies; when it returns the service is ready."""
+
+    async def close(self) -> None:
+        """Releases everything ``start`` acquired."""
+
+
+async def serve(settings: ServiceSettings, app: App, stop: asyncio.Event) -> None:
+    """Serves ``app`` until ``stop`` is set, then shuts down gracefully.
+
+    Args:
+        settings: The service's settings (gRPC bind address and grace period).
+        app: The composition root.
+        stop: Set it to begin shutdown (the signal handlers do).
+    """
+    server = GrpcServer(settings.grpc, app.service_names, [app.register])
+    await server.start()
+    try:
+        await app.start()
+        await server.set_serving(True)
+        log.info("service.ready", port=server.port)
+        await stop.wait()
+        log.info("service.stopping")
+    finally:
+        await server.stop()
+        await app.close()
+    log.info("service.stopped")
+
+
+def run_service(settings_cls: type[S], build_app: Callable[[S], App]) -> None:
+    """Entry point for ``python -m openforge_<service>``.
+
+    Reads settings from the environment once, configures logging and tracing,
+    builds the app and serves it until SIGTERM or SIGINT.
+
+    Args:
+        settings_cls: The service's settings class.
+        build_app: Builds the composition root from the settings.
+    """
+    settings = settings_cls()
+    configure_logging(
+        settings_cls.service_name, settings.log.level, json_output=settings.log.format == "json"
+    )
+    provider = configure_tracing(settings_cls.service_name)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        install_signal_handlers(stop)
+        await serve(settings, build_app(settings), stop)
+
+    try:
+        asyncio.run(main())
+    finally:
+        provider.shutdown()

@@ -1,0 +1,1 @@
+"""OpenForgeRL inference: token ids in, token ids and logprobs out."""

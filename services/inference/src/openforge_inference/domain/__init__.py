@@ -1,0 +1,1 @@
+"""Pure inference logic: no grpc, no nats."""

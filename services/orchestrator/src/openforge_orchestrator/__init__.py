@@ -1,0 +1,1 @@
+"""OpenForgeRL orchestrator: rollouts of real harnesses in sandboxes."""

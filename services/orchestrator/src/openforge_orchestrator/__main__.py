@@ -1,0 +1,5 @@
+from openforge_core.service import run_service
+from openforge_orchestrator.app import OrchestratorApp
+from openforge_orchestrator.settings import OrchestratorSettings
+
+run_service(OrchestratorSettings, OrchestratorApp)

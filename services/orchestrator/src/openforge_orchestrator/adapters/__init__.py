@@ -1,0 +1,1 @@
+"""Outbound adapters: event publishing, proxy and store clients."""

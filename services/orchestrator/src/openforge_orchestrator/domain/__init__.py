@@ -1,0 +1,1 @@
+"""Pure orchestrator logic: no grpc, no nats."""

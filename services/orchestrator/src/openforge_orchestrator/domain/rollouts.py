@@ -1,0 +1,230 @@
+"""Rollouts: acceptance into groups, state, watching and cancellation.
+
+A request for ``n`` rollouts of each of ``k`` tasks creates ``k`` groups of
+``n`` rollouts each (the GRPO/RLOO group is all rollouts of one task request).
+Accepted rollouts are PENDING until a sandbox backend runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from openforge_core.errors import InvalidArgument, NotFound
+
+HARNESSES = frozenset({"claude-code", "codex", "openclaw", "mini-swe-agent", "command"})
+
+
+class RolloutStatus(enum.Enum):
+    """Lifecycle of a rollout (mirrors ``openforge.common.v1.RolloutStatus``)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (RolloutStatus.PENDING, RolloutStatus.RUNNING)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One run of one harness on one task.
+
+    Attributes:
+        rollout_id: Unique id.
+        run_id: Its run.
+        task_id: Task folder name.
+        task_set: Task set the task comes from.
+        group_id: Group (one task request).
+        group_index: 0-based index within the group.
+        harness: Harness name.
+        model_name: Model name given to the harness.
+        status: Lifecycle state.
+        min_policy_version: Lowest policy version allowed to serve it.
+        timeout_s: Timeout override in seconds (0 = the task's own).
+        create_time: Unix seconds.
+        start_time: Unix seconds (0 = not started).
+        end_time: Unix seconds (0 = not ended).
+        reward: Verifier reward, None until verified.
+        failure_reason: Why it failed or was cancelled.
+    """
+
+    rollout_id: str
+    run_id: str
+    task_id: str
+    task_set: str
+    group_id: str
+    group_index: int
+    harness: str
+    model_name: str
+    status: RolloutStatus
+    min_policy_version: int
+    timeout_s: float
+    create_time: float
+    start_time: float = 0.0
+    end_time: float = 0.0
+    reward: float | None = None
+    failure_reason: str = ""
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """A task by reference: its id within a task set."""
+
+    task_id: str
+    task_set: str
+
+
+class RolloutEvents(Protocol):
+    """Where the registry reports facts (implemented by a NATS publisher)."""
+
+    async def submitted(self, request_id: str, rollouts: list[Rollout]) -> None: ...
+
+    async def finished(self, rollout: Rollout) -> None: ...
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+class RolloutRegistry:
+    """Rollouts in memory with watchers.
+
+    Args:
+        events: Receives a fact after each accepted change.
+        clock: Unix seconds (injectable for tests).
+    """
+
+    def __init__(self, events: RolloutEvents, clock: Callable[[], float] = time.time) -> None:
+        self._events = events
+        self._clock = clock
+        self._rollouts: dict[str, Rollout] = {}
+        self._by_request: dict[str, list[str]] = {}
+        self._watchers: set[asyncio.Queue[Rollout]] = set()
+
+    async def submit(
+        self,
+        *,
+        request_id: str,
+        run_id: str,
+        tasks: Iterable[TaskRef],
+        group_size: int,
+        harness: str,
+        model_name: str,
+        min_policy_version: int,
+        timeout_s: float,
+    ) -> list[Rollout]:
+        """Accepts one group of ``group_size`` rollouts per task; idempotent per ``request_id``.
+
+        Returns:
+            The rollouts, in task order then group index order.
+
+        Raises:
+            InvalidArgument: No tasks, an empty task id, group_size < 1, an
+                unknown harness, a negative timeout.
+        """
+        if request_id and request_id in self._by_request:
+            return [self._rollouts[r] for r in self._by_request[request_id]]
+        task_list = list(tasks)
+        if not task_list:
+            raise InvalidArgument.field("tasks", "at least one task is required")
+        for i, t in enumerate(task_list):
+            if not t.task_id:
+                raise InvalidArgument.field(f"tasks[{i}].task_id", "must not be empty")
+        if group_size < 1:
+            raise InvalidArgument.field("group_size", "must be >= 1")
+        if harness not in HARNESSES:
+            raise InvalidArgument.field("harness", f"unknown harness {harness!r}; one of {sorted(HARNESSES)}")
+        if timeout_s < 0:
+            raise InvalidArgument.field("timeout", "must not be negative")
+        now = self._clock()
+        created: list[Rollout] = []
+        for task in task_list:
+            group_id = _new_id("grp")
+            for index in range(group_size):
+                created.append(
+                    Rollout(
+                        rollout_id=_new_id("ro"),
+                        run_id=run_id,
+                        task_id=task.task_id,
+                        task_set=task.task_set,
+                        group_id=group_id,
+                        group_index=index,
+                        harness=harness,
+                        model_name=model_name,
+                        status=RolloutStatus.PENDING,
+                        min_policy_version=min_policy_version,
+                        timeout_s=timeout_s,
+                        create_time=now,
+                    )
+                )
+        request_id = request_id or _new_id("req")
+        await self._events.submitted(request_id, created)
+        for r in created:
+            self._rollouts[r.rollout_id] = r
+            self._notify(r)
+        self._by_request[request_id] = [r.rollout_id for r in created]
+        return created
+
+    def get(self, rollout_id: str) -> Rollout:
+        """One rollout.
+
+        Raises:
+            NotFound: Unknown rollout id.
+        """
+        try:
+            return self._rollouts[rollout_id]
+        except KeyError:
+            raise NotFound(f"no rollout {rollout_id!r}", metadata={"rollout_id": rollout_id}) from None
+
+    async def cancel(self, rollout_id: str, reason: str) -> Rollout:
+        """Cancels a rollout that has not ended; idempotent on ended rollouts.
+
+        Raises:
+            NotFound: Unknown rollout id.
+        """
+        current = self.get(rollout_id)
+        if current.status.terminal:
+            return current
+        cancelled = replace(
+            current,
+            status=RolloutStatus.CANCELLED,
+            end_time=self._clock(),
+            failure_reason=reason or "cancelled",
+        )
+        await self._events.finished(cancelled)
+        self._rollouts[rollout_id] = cancelled
+        self._notify(cancelled)
+        return cancelled
+
+    async def watch(self, run_id: str = "", group_id: str = "") -> AsyncIterator[Rollout]:
+        """Yields every matching rollout as it is now, then each change, until cancelled."""
+
+        def matches(r: Rollout) -> bool:
+            return (not run_id or r.run_id == run_id) and (not group_id or r.group_id == group_id)
+
+        queue: asyncio.Queue[Rollout] = asyncio.Queue()
+        self._watchers.add(queue)
+        try:
+            for r in list(self._rollouts.values()):
+                if matches(r):
+                    yield r
+            while True:
+                r = await queue.get()
+                if matches(r):
+                    yield r
+        finally:
+            self._watchers.discard(queue)
+
+    def _notify(self, rollout: Rollout) -> None:
+        for q in self._watchers:
+            q.put_nowait(rollout)

@@ -1,0 +1,57 @@
+"""``openforge.orchestrator.v1.OrchestratorService``: proto ↔ domain translation only."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from openforge_orchestrator.convert import rollout_to_proto
+from openforge_orchestrator.domain.rollouts import RolloutRegistry, TaskRef
+
+
+class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
+    """Rollouts over gRPC, backed by a :class:`RolloutRegistry`."""
+
+    def __init__(self, rollouts: RolloutRegistry) -> None:
+        self._rollouts = rollouts
+
+    async def SubmitRollouts(
+        self, request: orchestrator_pb2.SubmitRolloutsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> orchestrator_pb2.SubmitRolloutsResponse:
+        """Accepts one group per task; idempotent per ``request_id``. Errors: INVALID_ARGUMENT."""
+        created = await self._rollouts.submit(
+            request_id=request.request_id,
+            run_id=request.run_id,
+            tasks=[TaskRef(task_id=t.task_id, task_set=t.task_set) for t in request.tasks],
+            group_size=request.group_size,
+            harness=request.harness,
+            model_name=request.model_name,
+            min_policy_version=request.min_policy_version,
+            timeout_s=request.timeout.ToNanoseconds() / 1e9 if request.HasField("timeout") else 0.0,
+        )
+        return orchestrator_pb2.SubmitRolloutsResponse(rollouts=[rollout_to_proto(r) for r in created])
+
+    async def GetRollout(
+        self, request: orchestrator_pb2.GetRolloutRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> orchestrator_pb2.GetRolloutResponse:
+        """One rollout. Errors: NOT_FOUND."""
+        return orchestrator_pb2.GetRolloutResponse(
+            rollout=rollout_to_proto(self._rollouts.get(request.rollout_id))
+        )
+
+    async def WatchRollouts(
+        self, request: orchestrator_pb2.WatchRolloutsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[orchestrator_pb2.WatchRolloutsResponse]:
+        """Current state of matching rollouts, then every change, until the client cancels."""
+        async for r in self._rollouts.watch(run_id=request.run_id, group_id=request.group_id):
+            yield orchestrator_pb2.WatchRolloutsResponse(rollout=rollout_to_proto(r))
+
+    async def CancelRollout(
+        self, request: orchestrator_pb2.CancelRolloutRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> orchestrator_pb2.CancelRolloutResponse:
+        """Cancels a rollout; idempotent on ended rollouts. Errors: NOT_FOUND."""
+        r = await self._rollouts.cancel(request.rollout_id, request.reason)
+        return orchestrator_pb2.CancelRolloutResponse(rollout=rollout_to_proto(r))

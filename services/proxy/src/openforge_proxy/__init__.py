@@ -1,0 +1,1 @@
+"""OpenForgeRL proxy: serves every model call a harness makes and records it."""

@@ -1,0 +1,1 @@
+"""Pure proxy logic: no grpc, no nats."""

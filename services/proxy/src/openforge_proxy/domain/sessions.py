@@ -1,0 +1,224 @@
+"""Per-rollout sessions: the key a harness sends, its limits and enforced sampling.
+
+A session is created by the orchestrator for one rollout. Its API key is
+returned once; the proxy keeps only its SHA-256 digest, so a key never sits in
+memory dumps or logs after creation. Keys look like ``ofk-<43 url-safe chars>``
+(256 bits from :func:`secrets.token_urlsafe`).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from openforge_core.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, Unauthenticated
+
+KEY_PREFIX = "ofk-"
+
+
+class SessionState(enum.Enum):
+    """Lifecycle of a session."""
+
+    OPEN = "open"
+    CLOSED = "closed"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Limits of one session; 0 means none.
+
+    Attributes:
+        max_turns: Most model calls.
+        max_tokens_per_call: Cap on completion tokens per call.
+        max_total_tokens: Cap on prompt + completion tokens over the session.
+        deadline: Unix time (seconds) after which calls are refused; 0 = none.
+    """
+
+    max_turns: int = 0
+    max_tokens_per_call: int = 0
+    max_total_tokens: int = 0
+    deadline: float = 0.0
+
+
+@dataclass(frozen=True)
+class Session:
+    """One rollout's session (without its key).
+
+    Attributes:
+        rollout_id: The rollout served.
+        run_id: Its run.
+        model_name: The model name the harness sends.
+        limits: Limits enforced.
+        sampling: Enforced sampling parameters (field name → value).
+        state: Lifecycle state.
+        create_time: Unix seconds.
+        expire_time: Unix seconds after which the key stops working.
+        calls: Calls served.
+        total_tokens: Prompt + completion tokens served.
+    """
+
+    rollout_id: str
+    run_id: str
+    model_name: str
+    limits: Limits
+    sampling: dict[str, Any]
+    state: SessionState
+    create_time: float
+    expire_time: float
+    calls: int = 0
+    total_tokens: int = 0
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass
+class _Entry:
+    session: Session
+    key_digest: str
+    request_id: str
+    key: str = field(repr=False)  # kept only so an idempotent retry can return it
+
+
+class SessionRegistry:
+    """Sessions in memory, by rollout id and by key digest.
+
+    Args:
+        default_ttl_s: Key lifetime when the request gives none, seconds.
+        max_sessions: Most sessions kept; closed and expired ones are evicted first.
+        clock: Returns the current Unix time in seconds (injectable for tests).
+    """
+
+    def __init__(self, default_ttl_s: float, max_sessions: int, clock: Any = time.time) -> None:
+        self._ttl = default_ttl_s
+        self._max = max_sessions
+        self._clock = clock
+        self._by_rollout: dict[str, _Entry] = {}
+        self._by_digest: dict[str, _Entry] = {}
+
+    def create(
+        self,
+        *,
+        request_id: str,
+        rollout_id: str,
+        run_id: str,
+        model_name: str,
+        limits: Limits,
+        sampling: dict[str, Any],
+        ttl_s: float | None,
+    ) -> tuple[Session, str]:
+        """Opens a session; idempotent per ``request_id``.
+
+        Returns:
+            The session and its API key.
+
+        Raises:
+            InvalidArgument: Empty rollout id, negative limits or ttl.
+            AlreadyExists: An open session for the rollout exists from another request.
+            ResourceExhausted: ``max_sessions`` open sessions exist.
+        """
+        if not rollout_id:
+            raise InvalidArgument.field("rollout_id", "must not be empty")
+        for name in ("max_turns", "max_tokens_per_call", "max_total_tokens"):
+            if getattr(limits, name) < 0:
+                raise InvalidArgument.field(f"limits.{name}", "must be >= 0 (0 = no limit)")
+        if ttl_s is not None and ttl_s <= 0:
+            raise InvalidArgument.field("ttl", "must be positive")
+        existing = self._refresh(self._by_rollout.get(rollout_id))
+        if existing is not None:
+            if request_id and existing.request_id == request_id:
+                return existing.session, existing.key
+            if existing.session.state is SessionState.OPEN:
+                raise AlreadyExists(
+                    f"rollout {rollout_id} already has an open session",
+                    reason="SESSION_EXISTS",
+                    metadata={"rollout_id": rollout_id},
+                )
+            self._drop(existing)
+        if len(self._by_rollout) >= self._max:
+            self._evict()
+        now = self._clock()
+        expire = now + (ttl_s if ttl_s is not None else self._ttl)
+        if limits.deadline:
+            expire = min(expire, limits.deadline)
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        session = Session(
+            rollout_id=rollout_id,
+            run_id=run_id,
+            model_name=model_name,
+            limits=limits,
+            sampling=dict(sampling),
+            state=SessionState.OPEN,
+            create_time=now,
+            expire_time=expire,
+        )
+        entry = _Entry(session=session, key_digest=_digest(key), request_id=request_id, key=key)
+        self._by_rollout[rollout_id] = entry
+        self._by_digest[entry.key_digest] = entry
+        return session, key
+
+    def get(self, rollout_id: str) -> Session:
+        """The session of a rollout.
+
+        Raises:
+            NotFound: No session for that rollout.
+        """
+        entry = self._refresh(self._by_rollout.get(rollout_id))
+        if entry is None:
+            raise NotFound(f"no session for rollout {rollout_id!r}", metadata={"rollout_id": rollout_id})
+        return entry.session
+
+    def close(self, rollout_id: str) -> Session:
+        """Closes a session; its key stops working. Idempotent.
+
+        Raises:
+            NotFound: No session for that rollout.
+        """
+        entry = self._refresh(self._by_rollout.get(rollout_id))
+        if entry is None:
+            raise NotFound(f"no session for rollout {rollout_id!r}", metadata={"rollout_id": rollout_id})
+        if entry.session.state is SessionState.OPEN:
+            entry.session = replace(entry.session, state=SessionState.CLOSED)
+        entry.key = ""
+        return entry.session
+
+    def authenticate(self, key: str) -> Session:
+        """The open session a key belongs to.
+
+        Raises:
+            Unauthenticated: Unknown, closed or expired key (the message never
+                contains the key).
+        """
+        entry = self._refresh(self._by_digest.get(_digest(key)))
+        if entry is None:
+            raise Unauthenticated("unknown API key", reason="UNKNOWN_KEY")
+        if entry.session.state is not SessionState.OPEN:
+            raise Unauthenticated(f"session is {entry.session.state.value}", reason="SESSION_NOT_OPEN")
+        return entry.session
+
+    def __len__(self) -> int:
+        return len(self._by_rollout)
+
+    def _refresh(self, entry: _Entry | None) -> _Entry | None:
+        if entry is not None and entry.session.state is SessionState.OPEN:
+            if self._clock() >= entry.session.expire_time:
+                entry.session = replace(entry.session, state=SessionState.EXPIRED)
+                entry.key = ""
+        return entry
+
+    def _drop(self, entry: _Entry) -> None:
+        self._by_rollout.pop(entry.session.rollout_id, None)
+        self._by_digest.pop(entry.key_digest, None)
+
+    def _evict(self) -> None:
+        for entry in list(self._by_rollout.values()):
+            if self._refresh(entry) is not None and entry.session.state is not SessionState.OPEN:
+                self._drop(entry)
+        if len(self._by_rollout) >= self._max:
+            raise ResourceExhausted(f"{self._max} sessions are open", reason="TOO_MANY_SESSIONS")

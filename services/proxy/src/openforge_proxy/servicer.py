@@ -1,0 +1,94 @@
+"""``openforge.proxy.v1.ProxyService``: proto ↔ domain translation only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from openforge.common.v1 import common_pb2
+from openforge.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from openforge_proxy.domain.sessions import Limits, Session, SessionRegistry, SessionState
+
+_STATES = {
+    SessionState.OPEN: proxy_pb2.SESSION_STATE_OPEN,
+    SessionState.CLOSED: proxy_pb2.SESSION_STATE_CLOSED,
+    SessionState.EXPIRED: proxy_pb2.SESSION_STATE_EXPIRED,
+}
+
+
+def _ts(unix_s: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(unix_s * 1e9))
+    return ts
+
+
+def session_to_proto(s: Session) -> proxy_pb2.Session:
+    """Domain session → ``Session`` message."""
+    limits = proxy_pb2.SessionLimits(
+        max_turns=s.limits.max_turns,
+        max_tokens_per_call=s.limits.max_tokens_per_call,
+        max_total_tokens=s.limits.max_total_tokens,
+    )
+    if s.limits.deadline:
+        limits.deadline.CopyFrom(_ts(s.limits.deadline))
+    return proxy_pb2.Session(
+        rollout_id=s.rollout_id,
+        run_id=s.run_id,
+        model_name=s.model_name,
+        limits=limits,
+        sampling=json_format.ParseDict(s.sampling, common_pb2.SamplingParams()),
+        state=_STATES[s.state],
+        create_time=_ts(s.create_time),
+        expire_time=_ts(s.expire_time),
+        calls=s.calls,
+        total_tokens=s.total_tokens,
+    )
+
+
+class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
+    """Sessions over gRPC, backed by a :class:`SessionRegistry`."""
+
+    def __init__(self, sessions: SessionRegistry) -> None:
+        self._sessions = sessions
+
+    async def CreateSession(
+        self, request: proxy_pb2.CreateSessionRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> proxy_pb2.CreateSessionResponse:
+        """Opens a session for one rollout; idempotent per ``request_id``.
+
+        Errors: INVALID_ARGUMENT, ALREADY_EXISTS, RESOURCE_EXHAUSTED (see the proto).
+        """
+        lim = request.limits
+        limits = Limits(
+            max_turns=lim.max_turns,
+            max_tokens_per_call=lim.max_tokens_per_call,
+            max_total_tokens=lim.max_total_tokens,
+            deadline=lim.deadline.ToNanoseconds() / 1e9 if lim.HasField("deadline") else 0.0,
+        )
+        session, key = self._sessions.create(
+            request_id=request.request_id,
+            rollout_id=request.rollout_id,
+            run_id=request.run_id,
+            model_name=request.model_name,
+            limits=limits,
+            sampling=json_format.MessageToDict(request.sampling, preserving_proto_field_name=True),
+            ttl_s=request.ttl.ToNanoseconds() / 1e9 if request.HasField("ttl") else None,
+        )
+        return proxy_pb2.CreateSessionResponse(session=session_to_proto(session), api_key=key)
+
+    async def GetSession(
+        self, request: proxy_pb2.GetSessionRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> proxy_pb2.GetSessionResponse:
+        """Reads a session (never its key). Errors: NOT_FOUND."""
+        return proxy_pb2.GetSessionResponse(session=session_to_proto(self._sessions.get(request.rollout_id)))
+
+    async def CloseSession(
+        self, request: proxy_pb2.CloseSessionRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> proxy_pb2.CloseSessionResponse:
+        """Closes a session; idempotent. Errors: NOT_FOUND."""
+        return proxy_pb2.CloseSessionResponse(
+            session=session_to_proto(self._sessions.close(request.rollout_id))
+        )

@@ -1,0 +1,1 @@
+"""OpenForgeRL trainer: the RL loop over recorded trajectories."""

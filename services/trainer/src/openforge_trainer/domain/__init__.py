@@ -1,0 +1,1 @@
+"""Pure trainer logic: no grpc, no nats."""

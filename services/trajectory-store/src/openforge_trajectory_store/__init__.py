@@ -1,0 +1,1 @@
+"""OpenForgeRL trajectory store: the durable record of calls and rollouts."""

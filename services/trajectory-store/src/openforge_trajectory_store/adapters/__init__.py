@@ -1,0 +1,1 @@
+"""Inbound and outbound adapters: the NATS event consumer."""

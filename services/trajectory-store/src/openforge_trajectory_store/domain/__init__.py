@@ -1,0 +1,1 @@
+"""Pure store logic: no grpc, no nats."""
