@@ -13,6 +13,7 @@ Modeled on text-generation-inference's ``server/text_generation_server/intercept
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -106,20 +107,36 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             )
         if handler.unary_stream is not None:
             inner_us: Any = handler.unary_stream
+            stream_handler: Any
+            if inspect.isasyncgenfunction(inner_us):
 
-            async def unary_stream(
-                request: Any, context: grpc.aio.ServicerContext[Any, Any]
-            ) -> AsyncIterator[Any]:
-                try:
-                    async for item in inner_us(request, context):
-                        yield item
-                except (grpc.aio.AbortError, grpc.aio.UsageError):
-                    raise
-                except Exception as exc:
-                    await _abort(context, exc, method)
+                async def unary_stream(
+                    request: Any, context: grpc.aio.ServicerContext[Any, Any]
+                ) -> AsyncIterator[Any]:
+                    try:
+                        async for item in inner_us(request, context):
+                            yield item
+                    except (grpc.aio.AbortError, grpc.aio.UsageError):
+                        raise
+                    except Exception as exc:
+                        await _abort(context, exc, method)
 
+                stream_handler = unary_stream
+            else:
+                # A coroutine handler that streams with context.write() (e.g. Health.Watch).
+                async def unary_stream_writer(
+                    request: Any, context: grpc.aio.ServicerContext[Any, Any]
+                ) -> None:
+                    try:
+                        await inner_us(request, context)
+                    except (grpc.aio.AbortError, grpc.aio.UsageError):
+                        raise
+                    except Exception as exc:
+                        await _abort(context, exc, method)
+
+                stream_handler = unary_stream_writer
             return grpc.unary_stream_rpc_method_handler(
-                unary_stream,
+                stream_handler,
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )

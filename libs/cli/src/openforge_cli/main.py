@@ -1,0 +1,112 @@
+"""``openforge``: start, stop and inspect OpenForgeRL on one machine."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from openforge_cli import local
+
+STATE_DIR_HELP = "Folder for logs, NATS data and the process list."
+
+
+@click.group()
+def main() -> None:
+    """OpenForgeRL: RL for LLM agents inside the real harnesses they are deployed with."""
+
+
+@main.command()
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=Path(".openforge"),
+    show_default=True,
+    envvar="OPENFORGE_STATE_DIR",
+    help=STATE_DIR_HELP,
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface the services bind.")
+@click.option("--base-port", default=50051, show_default=True, help="gRPC port of the first service.")
+@click.option("--nats-port", default=4322, show_default=True, help="Port of the embedded NATS server.")
+@click.option("--nats-url", default=None, help="Use this NATS server instead of starting one.")
+@click.option("--timeout", "timeout_s", default=60.0, show_default=True, help="Seconds to wait for SERVING.")
+@click.option("--detach", is_flag=True, help="Return once SERVING; stop later with `openforge down`.")
+def up(
+    state_dir: Path,
+    host: str,
+    base_port: int,
+    nats_port: int,
+    nats_url: str | None,
+    timeout_s: float,
+    detach: bool,
+) -> None:
+    """Start NATS and the five services as local processes; Ctrl-C stops them all."""
+    try:
+        state = local.up(
+            state_dir,
+            host=host,
+            base_port=base_port,
+            nats_port=nats_port,
+            nats_url=nats_url,
+            timeout_s=timeout_s,
+        )
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"OpenForgeRL is up ({len(state.processes)} processes, all SERVING):")
+    for p in state.processes:
+        click.echo(f"  {p.name:<17} {p.address:<24} pid {p.pid:<8} log {p.log}")
+    if detach:
+        click.echo("Stop with: openforge down")
+        return
+    click.echo("Press Ctrl-C to stop.")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    click.echo("stopping...")
+    stopped = local.down(state_dir)
+    click.echo(f"stopped {', '.join(stopped) or 'nothing'}")
+
+
+@main.command()
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=Path(".openforge"),
+    show_default=True,
+    envvar="OPENFORGE_STATE_DIR",
+    help=STATE_DIR_HELP,
+)
+def down(state_dir: Path) -> None:
+    """Stop everything `openforge up` started (no process is left behind)."""
+    stopped = local.down(state_dir)
+    click.echo(f"stopped {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+@main.command()
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=Path(".openforge"),
+    show_default=True,
+    envvar="OPENFORGE_STATE_DIR",
+    help=STATE_DIR_HELP,
+)
+def status(state_dir: Path) -> None:
+    """Show each local process and its health; exits 1 unless all are SERVING."""
+    rows = local.status(state_dir)
+    if not rows:
+        click.echo("not up (no process list); start with `openforge up`")
+        sys.exit(1)
+    healthy = True
+    for name, address, pid, alive, health in rows:
+        click.echo(f"  {name:<17} {address:<24} pid {pid:<8} {health}")
+        healthy = healthy and alive and health in ("SERVING", "RUNNING")
+    sys.exit(0 if healthy else 1)
+
+
+if __name__ == "__main__":
+    main()
