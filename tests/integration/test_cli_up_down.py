@@ -1,0 +1,112 @@
+"""`openforge up` brings all five services to SERVING; `openforge down` leaves no process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from grpc_health.v1 import health_pb2
+
+from openforge_cli import local
+from openforge_testing.servers import free_port
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).parent / "openforge"
+    return subprocess.run([str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
+    base = free_port()
+    while any(_port_busy(base + i) for i in range(5)):
+        base = free_port()
+    nats_port = free_port()
+    t0 = time.monotonic()
+    up = _cli(
+        "up",
+        "--detach",
+        "--state-dir",
+        "st",
+        "--base-port",
+        str(base),
+        "--nats-port",
+        str(nats_port),
+        cwd=tmp_path,
+    )
+    elapsed = time.monotonic() - t0
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert elapsed < 60
+    state = local.UpState.load(tmp_path / "st")
+    assert state is not None and len(state.processes) == 6
+    for p in state.processes:
+        if p.name != "nats":
+            status = asyncio.run(local.health(p.address))
+            assert status == health_pb2.HealthCheckResponse.ServingStatus.Name(
+                health_pb2.HealthCheckResponse.SERVING
+            )
+    st = _cli("status", "--state-dir", "st", cwd=tmp_path)
+    assert st.returncode == 0 and st.stdout.count("SERVING") == 5
+    again = _cli(
+        "up",
+        "--detach",
+        "--state-dir",
+        "st",
+        "--base-port",
+        str(base),
+        "--nats-port",
+        str(nats_port),
+        cwd=tmp_path,
+    )
+    assert again.returncode != 0 and "already up" in again.stderr
+    down = _cli("down", "--state-dir", "st", cwd=tmp_path)
+    assert down.returncode == 0
+    assert not any(_alive(p.pid) for p in state.processes)
+    assert _cli("status", "--state-dir", "st", cwd=tmp_path).returncode == 1
+
+
+def test_up_fails_cleanly_when_a_service_cannot_start(tmp_path: Path) -> None:
+    env_model = tmp_path / "no-such-model"
+    with_bad_env = {**os.environ, "OPENFORGE_MODEL_PATH": str(env_model)}
+    base = free_port()
+    res = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "openforge"),
+            "up",
+            "--detach",
+            "--state-dir",
+            "st",
+            "--base-port",
+            str(base),
+            "--nats-port",
+            str(free_port()),
+            "--timeout",
+            "30",
+        ],
+        cwd=tmp_path,
+        env=with_bad_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode != 0
+    assert "inference" in res.stderr
+    assert local.UpState.load(tmp_path / "st") is None  # everything started was stopped again
+
+
+def _port_busy(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0

@@ -1,0 +1,128 @@
+"""Each service in its own process: SERVING on the standard health check, real read
+RPCs over its (empty) state, UNIMPLEMENTED for what is not built yet, clean SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from openforge.inference.v1 import inference_pb2, inference_pb2_grpc
+from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from openforge.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from openforge.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
+from openforge_core.rpc.client import open_channel
+from openforge_testing.plugin import ServiceFactory
+from openforge_testing.servers import NatsServer
+
+
+async def _code(call: object) -> grpc.StatusCode:
+    try:
+        await call  # type: ignore[misc]
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+def test_proxy_sessions(nats_server: NatsServer, service_process: ServiceFactory) -> None:
+    svc = service_process("openforge_proxy", {"OPENFORGE_NATS__URL": nats_server.url})
+
+    async def run() -> None:
+        async with open_channel(svc.address) as ch:
+            stub = proxy_pb2_grpc.ProxyServiceStub(ch)
+            assert await _code(stub.GetSession(proxy_pb2.GetSessionRequest(rollout_id="r1"))) == (
+                grpc.StatusCode.NOT_FOUND
+            )
+            created = await stub.CreateSession(
+                proxy_pb2.CreateSessionRequest(
+                    request_id="q", rollout_id="r1", run_id="run", model_name="tiny", ttl=Duration(seconds=60)
+                )
+            )
+            assert created.api_key.startswith("ofk-")
+            got = await stub.GetSession(proxy_pb2.GetSessionRequest(rollout_id="r1"))
+            assert got.session.state == proxy_pb2.SESSION_STATE_OPEN
+            closed = await stub.CloseSession(proxy_pb2.CloseSessionRequest(rollout_id="r1"))
+            assert closed.session.state == proxy_pb2.SESSION_STATE_CLOSED
+            assert await _code(stub.CreateSession(proxy_pb2.CreateSessionRequest())) == (
+                grpc.StatusCode.INVALID_ARGUMENT
+            )
+
+    asyncio.run(run())
+    assert svc.stop() == 0  # SIGTERM → graceful exit
+    assert "ofk-" not in svc.log()  # keys are never logged
+
+
+def test_orchestrator_store_trainer_reads(nats_server: NatsServer, service_process: ServiceFactory) -> None:
+    env = {"OPENFORGE_NATS__URL": nats_server.url}
+    orch = service_process("openforge_orchestrator", env)
+    store = service_process("openforge_trajectory_store", {**env, "OPENFORGE_CONSUMER_NAME": "reads"})
+    trainer = service_process("openforge_trainer", env)
+
+    async def run() -> None:
+        async with (
+            open_channel(orch.address) as o,
+            open_channel(store.address) as s,
+            open_channel(trainer.address) as t,
+        ):
+            ostub = orchestrator_pb2_grpc.OrchestratorServiceStub(o)
+            sstub = trajectory_pb2_grpc.TrajectoryServiceStub(s)
+            tstub = trainer_pb2_grpc.TrainerServiceStub(t)
+            assert await _code(ostub.GetRollout(orchestrator_pb2.GetRolloutRequest(rollout_id="x"))) == (
+                grpc.StatusCode.NOT_FOUND
+            )
+            assert await _code(sstub.GetRollout(trajectory_pb2.GetRolloutRequest(rollout_id="x"))) == (
+                grpc.StatusCode.NOT_FOUND
+            )
+            page = await sstub.ListRollouts(trajectory_pb2.ListRolloutsRequest(run_id="none"))
+            assert list(page.rollouts) == [] and page.next_page_token == ""
+            assert await _code(sstub.GetSamples(trajectory_pb2.GetSamplesRequest(rollout_id="x"))) == (
+                grpc.StatusCode.UNIMPLEMENTED
+            )
+            watch = sstub.WatchCompletedGroups(trajectory_pb2.WatchCompletedGroupsRequest(run_id="r"))
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await watch.read()
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert (
+                await _code(tstub.GetRun(trainer_pb2.GetRunRequest(run_id="x"))) == grpc.StatusCode.NOT_FOUND
+            )
+            assert await _code(tstub.StartRun(trainer_pb2.StartRunRequest())) == grpc.StatusCode.UNIMPLEMENTED
+
+    asyncio.run(run())
+
+
+def test_inference_describes_its_model_dir(tmp_path: Path, service_process: ServiceFactory) -> None:
+    model = tmp_path / "tiny-model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 320, "max_position_embeddings": 1024}))
+    (model / "tokenizer.json").write_text("{}")
+    (model / "chat_template.jinja").write_text("{{ messages }}")
+    with_model = service_process("openforge_inference", {"OPENFORGE_MODEL_PATH": str(model)})
+    without = service_process("openforge_inference", {})
+
+    async def run() -> None:
+        async with open_channel(with_model.address) as a, open_channel(without.address) as b:
+            info = await inference_pb2_grpc.InferenceServiceStub(a).GetModelInfo(
+                inference_pb2.GetModelInfoRequest()
+            )
+            assert (info.model_name, info.vocab_size, info.context_length) == ("tiny-model", 320, 1024)
+            assert info.chat_template == "{{ messages }}" and info.tokenizer_hash.startswith("sha256:")
+            stub_b = inference_pb2_grpc.InferenceServiceStub(b)
+            assert await _code(stub_b.GetModelInfo(inference_pb2.GetModelInfoRequest())) == (
+                grpc.StatusCode.FAILED_PRECONDITION
+            )
+            gen = stub_b.Generate(inference_pb2.GenerateRequest(prompt_token_ids=[1]))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await gen.read()
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+    asyncio.run(run())
+
+
+def test_a_bad_model_dir_never_reports_serving(tmp_path: Path, service_process: ServiceFactory) -> None:
+    with pytest.raises(RuntimeError, match=r"BAD_MODEL_DIR|does not exist"):
+        service_process("openforge_inference", {"OPENFORGE_MODEL_PATH": str(tmp_path / "missing")})
