@@ -1,0 +1,56 @@
+# OpenForgeRL — `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+UV_VERSION := 0.13.8
+UV := $(PYTHON) -m uv
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-stamp
+
+# Type-checked code: every hand-written package, the tools and the tests (generated code excluded).
+TYPED_SRC := libs/core/src libs/testing/src libs/cli/src $(wildcard services/*/src) tools
+TYPED_TESTS := $(wildcard libs/*/tests services/*/tests) tests
+
+.PHONY: help setup test pytest lint typecheck protos protos-check up down status
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): uv.lock package-lock.json pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
+	@$(UV) --version 2>/dev/null | grep -q "$(UV_VERSION)" || $(PYTHON) -m pip install -q "uv==$(UV_VERSION)"
+	$(UV) sync --frozen --all-packages --inexact
+	npm ci --no-audit --no-fund
+	@touch $@
+
+setup: $(STAMP) ## Install everything pinned in uv.lock and package-lock.json into .venv and node_modules
+
+lint: setup ## ruff (lint + format check) and buf lint
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	cd protos && ../node_modules/.bin/buf lint
+
+typecheck: setup ## mypy --strict over libs, services, tools and tests (generated code excluded)
+	$(BIN)/mypy $(TYPED_SRC)
+	$(BIN)/mypy $(TYPED_TESTS)
+
+protos: setup ## Regenerate libs/api from protos/
+	$(BIN)/python tools/gen_protos.py
+
+protos-check: setup ## Fail if the checked-in generated code differs from a fresh generation
+	$(BIN)/python tools/gen_protos.py --check
+
+pytest: setup ## Run the test suite only
+	$(BIN)/pytest
+
+test: lint typecheck protos-check pytest ## Everything CI runs: lint, type checks, protos-check, tests
+
+up: setup ## Start NATS and the five services locally (Ctrl-C stops them)
+	$(BIN)/openforge up
+
+down: ## Stop what `make up` / `openforge up --detach` started
+	$(BIN)/openforge down
+
+status: ## Health of the locally started services
+	$(BIN)/openforge status
