@@ -528,3 +528,129 @@ class Rollout(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__reward) -> _WhichOneofReturnType__reward | None: ...
 
 Global___Rollout: _TypeAlias = Rollout  # noqa: Y015
+
+@_typing.final
+class RunManifest(_message.Message):
+    """Everything needed to know what produced a run's data (reproducibility)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    HARNESS_FIELD_NUMBER: _builtins.int
+    HARNESS_VERSION_FIELD_NUMBER: _builtins.int
+    HARNESS_CONFIG_HASH_FIELD_NUMBER: _builtins.int
+    TOKENIZER_HASH_FIELD_NUMBER: _builtins.int
+    CHAT_TEMPLATE_HASH_FIELD_NUMBER: _builtins.int
+    PARSERS_FIELD_NUMBER: _builtins.int
+    SAMPLING_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    SANDBOX_IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
+    VERIFIER_VERSION_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run."""
+    harness: _builtins.str
+    """Harness name (claude-code, codex, openclaw, mini-swe-agent, command)."""
+    harness_version: _builtins.str
+    """Harness CLI version as installed (e.g. "2.1.332")."""
+    harness_config_hash: _builtins.str
+    """"sha256:<hex>" of the harness config the orchestrator generated."""
+    tokenizer_hash: _builtins.str
+    """"sha256:<hex>" of the tokenizer.json served."""
+    chat_template_hash: _builtins.str
+    """"sha256:<hex>" of the chat template served."""
+    model: _builtins.str
+    """Model path or name."""
+    policy_version: _builtins.int
+    """Policy version at the start of the run."""
+    sandbox_image_digest: _builtins.str
+    """Digest of the sandbox image ("sha256:<hex>"; empty for local sandboxes)."""
+    verifier_version: _builtins.str
+    """Version of the verifier (task set revision)."""
+    @_builtins.property
+    def parsers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tool-call and reasoning parser names used by the proxy."""
+
+    @_builtins.property
+    def sampling(self) -> Global___SamplingParams:
+        """Sampling parameters the proxy enforced."""
+
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the run was registered."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        harness: _builtins.str = ...,
+        harness_version: _builtins.str = ...,
+        harness_config_hash: _builtins.str = ...,
+        tokenizer_hash: _builtins.str = ...,
+        chat_template_hash: _builtins.str = ...,
+        parsers: _abc.Iterable[_builtins.str] | None = ...,
+        sampling: Global___SamplingParams | None = ...,
+        model: _builtins.str = ...,
+        policy_version: _builtins.int = ...,
+        sandbox_image_digest: _builtins.str = ...,
+        verifier_version: _builtins.str = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "sampling", b"sampling"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chat_template_hash", b"chat_template_hash", "create_time", b"create_time", "harness", b"harness", "harness_config_hash", b"harness_config_hash", "harness_version", b"harness_version", "model", b"model", "parsers", b"parsers", "policy_version", b"policy_version", "run_id", b"run_id", "sampling", b"sampling", "sandbox_image_digest", b"sandbox_image_digest", "tokenizer_hash", b"tokenizer_hash", "verifier_version", b"verifier_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunManifest: _TypeAlias = RunManifest  # noqa: Y015
+
+@_typing.final
+class DeadLetter(_message.Message):
+    """An event a consumer could not process and will never be able to (malformed,
+    unknown type or version, or rejected as invalid). Published on the
+    consumer's domain as openforge.<domain>.v1.dead_letter, then the original is
+    acked so it never crash-loops the consumer.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    ORIGINAL_EVENT_ID_FIELD_NUMBER: _builtins.int
+    ORIGINAL_TYPE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    CONSUMER_FIELD_NUMBER: _builtins.int
+    event_id: _builtins.str
+    """Event id, also the Nats-Msg-Id ("dead/<stream>/<stream sequence>")."""
+    subject: _builtins.str
+    """Subject the original was published on."""
+    original_event_id: _builtins.str
+    """The original's Nats-Msg-Id."""
+    original_type: _builtins.str
+    """The original's Openforge-Type header."""
+    reason: _builtins.str
+    """Why it was rejected."""
+    data: _builtins.bytes
+    """The original payload, unchanged."""
+    consumer: _builtins.str
+    """The durable consumer that rejected it."""
+    def __init__(
+        self,
+        *,
+        event_id: _builtins.str = ...,
+        subject: _builtins.str = ...,
+        original_event_id: _builtins.str = ...,
+        original_type: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        data: _builtins.bytes = ...,
+        consumer: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "data", b"data", "event_id", b"event_id", "original_event_id", b"original_event_id", "original_type", b"original_type", "reason", b"reason", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeadLetter: _TypeAlias = DeadLetter  # noqa: Y015

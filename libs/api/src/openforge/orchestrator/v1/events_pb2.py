@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from openforge.common.v1 import common_pb2 as openforge_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&openforge/orchestrator/v1/events.proto\x12\x19openforge.orchestrator.v1\x1a openforge/common/v1/common.proto\"U\n\x11RolloutsSubmitted\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12.\n\x08rollouts\x18\x02 \x03(\x0b\x32\x1c.openforge.common.v1.Rollout\"Q\n\x0eRolloutStarted\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12-\n\x07rollout\x18\x02 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout\"m\n\x0fRolloutFinished\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12-\n\x07rollout\x18\x02 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout\x12\x19\n\x11harness_exit_code\x18\x03 \x01(\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&openforge/orchestrator/v1/events.proto\x12\x19openforge.orchestrator.v1\x1a openforge/common/v1/common.proto\"U\n\x11RolloutsSubmitted\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12.\n\x08rollouts\x18\x02 \x03(\x0b\x32\x1c.openforge.common.v1.Rollout\"Q\n\x0eRolloutStarted\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12-\n\x07rollout\x18\x02 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout\"|\n\x0fRolloutFinished\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12-\n\x07rollout\x18\x02 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout\x12\x19\n\x11harness_exit_code\x18\x03 \x01(\x05\x12\r\n\x05\x63\x61lls\x18\x04 \x01(\x05\"U\n\rRunRegistered\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x32\n\x08manifest\x18\x02 \x01(\x0b\x32 .openforge.common.v1.RunManifestb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,5 +37,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROLLOUTSTARTED']._serialized_start=190
   _globals['_ROLLOUTSTARTED']._serialized_end=271
   _globals['_ROLLOUTFINISHED']._serialized_start=273
-  _globals['_ROLLOUTFINISHED']._serialized_end=382
+  _globals['_ROLLOUTFINISHED']._serialized_end=397
+  _globals['_RUNREGISTERED']._serialized_start=399
+  _globals['_RUNREGISTERED']._serialized_end=484
 # @@protoc_insertion_point(module_scope)

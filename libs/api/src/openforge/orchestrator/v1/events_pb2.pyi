@@ -92,10 +92,17 @@ class RolloutFinished(_message.Message):
     EVENT_ID_FIELD_NUMBER: _builtins.int
     ROLLOUT_FIELD_NUMBER: _builtins.int
     HARNESS_EXIT_CODE_FIELD_NUMBER: _builtins.int
+    CALLS_FIELD_NUMBER: _builtins.int
     event_id: _builtins.str
     """Event id, also the Nats-Msg-Id ("finished/<rollout_id>")."""
     harness_exit_code: _builtins.int
     """Harness exit status; -1 when it was killed."""
+    calls: _builtins.int
+    """Model calls the proxy served for this rollout (attempts of one call count
+    once), read from the session when it closed. The store waits until it has
+    recorded that many calls before assembling samples, since call events and
+    this event travel on different streams.
+    """
     @_builtins.property
     def rollout(self) -> _common_pb2.Rollout:
         """The rollout (terminal status, reward when verified, end_time set)."""
@@ -106,11 +113,42 @@ class RolloutFinished(_message.Message):
         event_id: _builtins.str = ...,
         rollout: _common_pb2.Rollout | None = ...,
         harness_exit_code: _builtins.int = ...,
+        calls: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["rollout", b"rollout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_id", b"event_id", "harness_exit_code", b"harness_exit_code", "rollout", b"rollout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "event_id", b"event_id", "harness_exit_code", b"harness_exit_code", "rollout", b"rollout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RolloutFinished: _TypeAlias = RolloutFinished  # noqa: Y015
+
+@_typing.final
+class RunRegistered(_message.Message):
+    """A run was registered with its manifest (published once per run, before its
+    first rollouts). Subject: openforge.orchestrator.v1.run_registered.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    MANIFEST_FIELD_NUMBER: _builtins.int
+    event_id: _builtins.str
+    """Event id, also the Nats-Msg-Id ("run/<run_id>")."""
+    @_builtins.property
+    def manifest(self) -> _common_pb2.RunManifest:
+        """The run's manifest."""
+
+    def __init__(
+        self,
+        *,
+        event_id: _builtins.str = ...,
+        manifest: _common_pb2.RunManifest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["manifest", b"manifest"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_id", b"event_id", "manifest", b"manifest"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunRegistered: _TypeAlias = RunRegistered  # noqa: Y015
