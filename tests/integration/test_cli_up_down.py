@@ -53,9 +53,7 @@ def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
     for p in state.processes:
         if p.name != "nats":
             status = asyncio.run(local.health(p.address))
-            assert status == health_pb2.HealthCheckResponse.ServingStatus.Name(
-                health_pb2.HealthCheckResponse.SERVING
-            )
+            assert status == health_pb2.HealthCheckResponse.ServingStatus.Name(health_pb2.HealthCheckResponse.SERVING)
     st = _cli("status", "--state-dir", "st", cwd=tmp_path)
     assert st.returncode == 0 and st.stdout.count("SERVING") == 5
     again = _cli(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import grpc
 
@@ -27,10 +28,12 @@ def _lines(text: str) -> list[dict[str, object]]:
 
 
 def test_event_consumed_across_processes_with_one_trace(
-    nats_server_fn: NatsServer, service_process: ServiceFactory
+    nats_server_fn: NatsServer, service_process: ServiceFactory, tmp_path: Path
 ) -> None:
     env = {"OPENFORGE_NATS__URL": nats_server_fn.url}
-    store = service_process("openforge_trajectory_store", env)
+    store = service_process(
+        "openforge_trajectory_store", {**env, "OPENFORGE_STORE__DSN": f"sqlite:///{tmp_path / 'store.db'}"}
+    )
     orch = service_process("openforge_orchestrator", env)
 
     async def run() -> list[str]:
@@ -54,9 +57,7 @@ def test_event_consumed_across_processes_with_one_trace(
             deadline = time.monotonic() + 15
             while True:
                 try:
-                    got = await sstub.GetRollout(
-                        trajectory_pb2.GetRolloutRequest(rollout_id=ids[1]), timeout=5
-                    )
+                    got = await sstub.GetRollout(trajectory_pb2.GetRolloutRequest(rollout_id=ids[1]), timeout=5)
                     assert got.rollout.task_id == "hello-world" and got.rollout.group_index == 1
                     return ids
                 except grpc.aio.AioRpcError as exc:

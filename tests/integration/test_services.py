@@ -57,10 +57,15 @@ def test_proxy_sessions(nats_server: NatsServer, service_process: ServiceFactory
     assert "ofk-" not in svc.log()  # keys are never logged
 
 
-def test_orchestrator_store_trainer_reads(nats_server: NatsServer, service_process: ServiceFactory) -> None:
+def test_orchestrator_store_trainer_reads(
+    nats_server: NatsServer, service_process: ServiceFactory, tmp_path: Path
+) -> None:
     env = {"OPENFORGE_NATS__URL": nats_server.url}
     orch = service_process("openforge_orchestrator", env)
-    store = service_process("openforge_trajectory_store", {**env, "OPENFORGE_CONSUMER_NAME": "reads"})
+    store = service_process(
+        "openforge_trajectory_store",
+        {**env, "OPENFORGE_CONSUMER_NAME": "reads", "OPENFORGE_STORE__DSN": f"sqlite:///{tmp_path / 'store.db'}"},
+    )
     trainer = service_process("openforge_trainer", env)
 
     async def run() -> None:
@@ -81,15 +86,12 @@ def test_orchestrator_store_trainer_reads(nats_server: NatsServer, service_proce
             page = await sstub.ListRollouts(trajectory_pb2.ListRolloutsRequest(run_id="none"))
             assert list(page.rollouts) == [] and page.next_page_token == ""
             assert await _code(sstub.GetSamples(trajectory_pb2.GetSamplesRequest(rollout_id="x"))) == (
-                grpc.StatusCode.UNIMPLEMENTED
+                grpc.StatusCode.NOT_FOUND
             )
-            watch = sstub.WatchCompletedGroups(trajectory_pb2.WatchCompletedGroupsRequest(run_id="r"))
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await watch.read()
-            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-            assert (
-                await _code(tstub.GetRun(trainer_pb2.GetRunRequest(run_id="x"))) == grpc.StatusCode.NOT_FOUND
+            assert await _code(sstub.Export(trajectory_pb2.ExportRequest(run_id="x"))) == (
+                grpc.StatusCode.INVALID_ARGUMENT
             )
+            assert await _code(tstub.GetRun(trainer_pb2.GetRunRequest(run_id="x"))) == grpc.StatusCode.NOT_FOUND
             assert await _code(tstub.StartRun(trainer_pb2.StartRunRequest())) == grpc.StatusCode.UNIMPLEMENTED
 
     asyncio.run(run())
@@ -106,9 +108,7 @@ def test_inference_describes_its_model_dir(tmp_path: Path, service_process: Serv
 
     async def run() -> None:
         async with open_channel(with_model.address) as a, open_channel(without.address) as b:
-            info = await inference_pb2_grpc.InferenceServiceStub(a).GetModelInfo(
-                inference_pb2.GetModelInfoRequest()
-            )
+            info = await inference_pb2_grpc.InferenceServiceStub(a).GetModelInfo(inference_pb2.GetModelInfoRequest())
             assert (info.model_name, info.vocab_size, info.context_length) == ("tiny-model", 320, 1024)
             assert info.chat_template == "{{ messages }}" and info.tokenizer_hash.startswith("sha256:")
             stub_b = inference_pb2_grpc.InferenceServiceStub(b)

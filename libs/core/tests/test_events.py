@@ -20,9 +20,7 @@ trace.set_tracer_provider(TracerProvider())
 
 
 def _event(version: int) -> events_pb2.WeightsPublished:
-    return events_pb2.WeightsPublished(
-        event_id=f"w/{version}", run_id="run", version=version, uri=f"ckpt/{version}"
-    )
+    return events_pb2.WeightsPublished(event_id=f"w/{version}", run_id="run", version=version, uri=f"ckpt/{version}")
 
 
 class Collector:

@@ -153,9 +153,7 @@ async def test_client_sets_a_default_deadline(server: Any) -> None:
     servicer.sleep_s = 2.0
     async with open_channel(address, default_timeout_s=0.2) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await proxy_pb2_grpc.ProxyServiceStub(channel).GetSession(
-                proxy_pb2.GetSessionRequest(rollout_id="x")
-            )
+            await proxy_pb2_grpc.ProxyServiceStub(channel).GetSession(proxy_pb2.GetSessionRequest(rollout_id="x"))
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
 

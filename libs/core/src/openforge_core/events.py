@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -34,8 +34,11 @@ from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from openforge.common.v1 import common_pb2
+from openforge_core.errors import ErrorCode, OpenForgeError
 from openforge_core.settings import NatsSettings
 from openforge_core.telemetry import extract_context, inject_context
 
@@ -81,9 +84,16 @@ class Delivery:
     event_id: str
     num_delivered: int
     stream_sequence: int
+    context: otel_context.Context | None = None
 
 
 Handler = Callable[[Message, Delivery], Awaitable[None]]
+BatchHandler = Callable[[Sequence[tuple[Message, Delivery]]], Awaitable[None]]
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether retrying the event can never succeed (it is invalid, not the system unavailable)."""
+    return isinstance(exc, OpenForgeError) and exc.code is ErrorCode.INVALID_ARGUMENT
 
 
 class EventBus:
@@ -175,8 +185,10 @@ class EventBus:
         durable: str,
         subjects: Iterable[str],
         types: Iterable[type[Message]],
-        handler: Handler,
+        handler: Handler | None = None,
         *,
+        batch_handler: BatchHandler | None = None,
+        dead_letter_domain: str | None = None,
         batch: int = 64,
         max_deliver: int = 20,
         ack_wait_s: float = 30.0,
@@ -185,10 +197,20 @@ class EventBus:
         """Starts a durable pull consumer per subject, running in the background.
 
         Each message is decoded to its proto type (by the ``Openforge-Type``
-        header), handed to ``handler`` inside a span continuing the publisher's
-        trace, acked after ``handler`` returns and nak'ed (redelivered after
-        ``nak_delay_s``) when it raises. Undecodable messages are terminated
-        (never redelivered) and logged.
+        header) and handed to ``handler`` inside a span continuing the
+        publisher's trace, or, with ``batch_handler``, every decoded message of
+        one fetch at once (to commit them in one transaction). Messages are
+        acked only after their handler returned. A handler that raises an
+        invalid-argument error (:func:`is_permanent`) has its event dead-lettered;
+        any other error naks it for redelivery after ``nak_delay_s``. A batch
+        that fails permanently is retried one event at a time so only the bad
+        event is dead-lettered.
+
+        Dead letters: an undecodable message, an unknown type (e.g. a newer
+        version) or an invalid event is published as ``common.v1.DeadLetter`` on
+        ``openforge.<dead_letter_domain>.v1.dead_letter`` with the reason, then
+        acked, so it never crash-loops the consumer. Without a dead-letter
+        domain such messages are logged and terminated.
 
         Args:
             durable: Durable consumer name; the position survives restarts.
@@ -196,11 +218,19 @@ class EventBus:
             types: The proto classes expected on these subjects.
             handler: ``async (message, delivery) -> None``; must be idempotent on
                 ``delivery.event_id``.
+            batch_handler: ``async ([(message, delivery), ...]) -> None``; used
+                instead of ``handler`` when given.
+            dead_letter_domain: Domain whose ``dead_letter`` subject receives rejects.
             batch: Messages fetched per pull.
             max_deliver: Deliveries before JetStream gives up on a message.
             ack_wait_s: Seconds before an unacked message is redelivered.
-            nak_delay_s: Redelivery delay after a handler error, seconds.
+            nak_delay_s: Redelivery delay after a transient handler error, seconds.
+
+        Raises:
+            ValueError: Neither or both of ``handler`` and ``batch_handler`` given.
         """
+        if (handler is None) == (batch_handler is None):
+            raise ValueError("give exactly one of handler and batch_handler")
         by_name: Mapping[str, type[Message]] = {t.DESCRIPTOR.full_name: t for t in types}
         for subject in subjects:
             domain = _domain_of(subject)
@@ -217,66 +247,10 @@ class EventBus:
                     ack_wait=ack_wait_s,
                 ),
             )
-            task = asyncio.create_task(self._pull_loop(sub, by_name, handler, batch, nak_delay_s), name=name)
+            loop = _PullLoop(self, sub, name, by_name, handler, batch_handler, dead_letter_domain, nak_delay_s)
+            task = asyncio.create_task(loop.run(batch), name=name)
             self._tasks.append(task)
             log.info("nats.consumer_started", durable=name, subject=subject)
-
-    async def _pull_loop(
-        self,
-        sub: JetStreamContext.PullSubscription,
-        by_name: Mapping[str, type[Message]],
-        handler: Handler,
-        batch: int,
-        nak_delay_s: float,
-    ) -> None:
-        while True:
-            try:
-                msgs = await sub.fetch(batch, timeout=5.0)
-            except nats.errors.TimeoutError:
-                continue
-            except (nats.errors.ConnectionClosedError, asyncio.CancelledError):
-                return
-            for msg in msgs:
-                await self._handle(msg, by_name, handler, nak_delay_s)
-
-    async def _handle(
-        self, msg: Any, by_name: Mapping[str, type[Message]], handler: Handler, nak_delay_s: float
-    ) -> None:
-        headers: dict[str, str] = dict(msg.headers or {})
-        meta = msg.metadata
-        delivery = Delivery(
-            subject=msg.subject,
-            event_id=headers.get(MSG_ID_HEADER, ""),
-            num_delivered=meta.num_delivered,
-            stream_sequence=meta.sequence.stream,
-        )
-        cls = by_name.get(headers.get(TYPE_HEADER, ""))
-        if cls is None:
-            log.error("event.unknown_type", subject=msg.subject, type=headers.get(TYPE_HEADER))
-            await msg.term()
-            return
-        try:
-            event = cls.FromString(msg.data)
-        except DecodeError:
-            log.error("event.undecodable", subject=msg.subject, event_id=delivery.event_id)
-            await msg.term()
-            return
-        parent = extract_context(headers)
-        with tracer.start_as_current_span(
-            f"process {msg.subject}", context=parent, kind=trace.SpanKind.CONSUMER
-        ):
-            try:
-                await handler(event, delivery)
-            except Exception:
-                log.exception(
-                    "event.handler_failed",
-                    subject=msg.subject,
-                    event_id=delivery.event_id,
-                    num_delivered=delivery.num_delivered,
-                )
-                await msg.nak(delay=nak_delay_s)
-                return
-            await msg.ack()
 
     async def close(self) -> None:
         """Stops consumers and drains the connection (pending publishes are flushed)."""
@@ -290,3 +264,132 @@ class EventBus:
             await self._nc.drain()
         self._nc = None
         self._js = None
+
+
+class _PullLoop:
+    """Fetches, decodes, dispatches and acks for one durable consumer."""
+
+    def __init__(
+        self,
+        bus: EventBus,
+        sub: JetStreamContext.PullSubscription,
+        durable: str,
+        by_name: Mapping[str, type[Message]],
+        handler: Handler | None,
+        batch_handler: BatchHandler | None,
+        dead_letter_domain: str | None,
+        nak_delay_s: float,
+    ) -> None:
+        self.bus = bus
+        self.sub = sub
+        self.durable = durable
+        self.by_name = by_name
+        self.handler = handler
+        self.batch_handler = batch_handler
+        self.dead_domain = dead_letter_domain
+        self.nak_delay_s = nak_delay_s
+
+    async def run(self, batch: int) -> None:
+        while True:
+            try:
+                msgs = await self.sub.fetch(batch, timeout=5.0)
+            except nats.errors.TimeoutError:
+                continue
+            except (nats.errors.ConnectionClosedError, asyncio.CancelledError):
+                return
+            decoded: list[tuple[Any, Message, Delivery]] = []
+            for msg in msgs:
+                item = await self._decode(msg)
+                if item is not None:
+                    decoded.append((msg, *item))
+            if not decoded:
+                continue
+            if self.batch_handler is not None:
+                await self._dispatch_batch(decoded)
+            else:
+                for msg, event, delivery in decoded:
+                    await self._dispatch_one(msg, event, delivery)
+
+    async def _decode(self, msg: Any) -> tuple[Message, Delivery] | None:
+        headers: dict[str, str] = dict(msg.headers or {})
+        meta = msg.metadata
+        delivery = Delivery(
+            subject=msg.subject,
+            event_id=headers.get(MSG_ID_HEADER, ""),
+            num_delivered=meta.num_delivered,
+            stream_sequence=meta.sequence.stream,
+            context=extract_context(headers),
+        )
+        type_name = headers.get(TYPE_HEADER, "")
+        cls = self.by_name.get(type_name)
+        if cls is None:
+            await self._reject(msg, delivery, type_name, f"unknown event type {type_name!r}")
+            return None
+        try:
+            event = cls.FromString(msg.data)
+        except DecodeError as exc:
+            await self._reject(msg, delivery, type_name, f"undecodable {type_name}: {exc}")
+            return None
+        return event, delivery
+
+    async def _reject(self, msg: Any, delivery: Delivery, type_name: str, reason: str) -> None:
+        log.error("event.dead_lettered", subject=delivery.subject, event_id=delivery.event_id, reason=reason)
+        if self.dead_domain is None:
+            await msg.term()
+            return
+        stream = msg.metadata.stream
+        dead = common_pb2.DeadLetter(
+            event_id=f"dead/{stream}/{delivery.stream_sequence}",
+            subject=delivery.subject,
+            original_event_id=delivery.event_id,
+            original_type=type_name,
+            reason=reason,
+            data=msg.data,
+            consumer=self.durable,
+        )
+        await self.bus.publish(subject_for(self.dead_domain, "dead_letter"), dead, event_id=dead.event_id)
+        await msg.ack()
+
+    async def _dispatch_one(self, msg: Any, event: Message, delivery: Delivery) -> None:
+        with tracer.start_as_current_span(
+            f"process {msg.subject}", context=delivery.context, kind=trace.SpanKind.CONSUMER
+        ):
+            try:
+                if self.handler is not None:
+                    await self.handler(event, delivery)
+                else:
+                    assert self.batch_handler is not None
+                    await self.batch_handler([(event, delivery)])
+            except Exception as exc:
+                if is_permanent(exc):
+                    await self._reject(msg, delivery, event.DESCRIPTOR.full_name, str(exc))
+                    return
+                log.exception(
+                    "event.handler_failed",
+                    subject=msg.subject,
+                    event_id=delivery.event_id,
+                    num_delivered=delivery.num_delivered,
+                )
+                await msg.nak(delay=self.nak_delay_s)
+                return
+            await msg.ack()
+
+    async def _dispatch_batch(self, items: list[tuple[Any, Message, Delivery]]) -> None:
+        assert self.batch_handler is not None
+        links = [trace.Link(trace.get_current_span(d.context).get_span_context()) for _, _, d in items if d.context]
+        try:
+            with tracer.start_as_current_span(
+                f"process {len(items)} events", kind=trace.SpanKind.CONSUMER, links=links
+            ):
+                await self.batch_handler([(e, d) for _, e, d in items])
+        except Exception as exc:
+            if is_permanent(exc):  # find the bad event: one at a time
+                for msg, event, delivery in items:
+                    await self._dispatch_one(msg, event, delivery)
+                return
+            log.exception("event.batch_failed", events=len(items))
+            for msg, _, _ in items:
+                await msg.nak(delay=self.nak_delay_s)
+            return
+        for msg, _, _ in items:
+            await msg.ack()

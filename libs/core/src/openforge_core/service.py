@@ -72,9 +72,7 @@ def run_service(settings_cls: type[S], build_app: Callable[[S], App]) -> None:
         build_app: Builds the composition root from the settings.
     """
     settings = settings_cls()
-    configure_logging(
-        settings_cls.service_name, settings.log.level, json_output=settings.log.format == "json"
-    )
+    configure_logging(settings_cls.service_name, settings.log.level, json_output=settings.log.format == "json")
     provider = configure_tracing(settings_cls.service_name)
 
     async def main() -> None:

@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from typing import Any
 
 import structlog
@@ -108,3 +109,16 @@ def inject_context(headers: MutableMapping[str, str]) -> None:
 def extract_context(headers: Mapping[str, str] | None) -> otel_context.Context:
     """Reads a trace context from message headers (empty context if none)."""
     return propagate.extract(dict(headers or {}))
+
+
+@contextmanager
+def use_context(ctx: otel_context.Context | None) -> Iterator[None]:
+    """Runs a block under a trace context (e.g. one extracted from an event's headers)."""
+    if ctx is None:
+        yield
+        return
+    token = otel_context.attach(ctx)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)

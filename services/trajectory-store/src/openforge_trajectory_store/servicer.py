@@ -1,31 +1,75 @@
-"""``openforge.trajectory.v1.TrajectoryService``: proto ↔ domain translation only.
-
-GetSamples, WatchCompletedGroups and Export answer UNIMPLEMENTED until sample
-assembly and exports are built.
-"""
+"""``openforge.trajectory.v1.TrajectoryService``: proto ↔ domain translation only."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
-from openforge_trajectory_store.domain.record import Record, RolloutFilter
+from openforge_core.errors import InvalidArgument
+from openforge_trajectory_store.adapters import export
+from openforge_trajectory_store.adapters.sql import SqlRepository
+from openforge_trajectory_store.domain.query import RolloutFilter
+
+CURSOR_PREFIX = "g:"
+
+
+class GroupNotifier:
+    """Wakes group watchers when groups complete."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Returns on the next completion or after ``timeout_s`` (watchers then re-read)."""
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout_s)
+        except TimeoutError:
+            return
+
+
+def parse_cursor(cursor: str) -> int:
+    """``"g:<seq>"`` → seq; "" → 0.
+
+    Raises:
+        InvalidArgument: Malformed cursor.
+    """
+    if not cursor:
+        return 0
+    if not cursor.startswith(CURSOR_PREFIX) or not cursor[len(CURSOR_PREFIX) :].isdigit():
+        raise InvalidArgument.field("cursor", "malformed cursor (pass back a cursor this store sent)")
+    return int(cursor[len(CURSOR_PREFIX) :])
 
 
 class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
-    """Reads of the record."""
+    """Reads of the durable record.
 
-    def __init__(self, record: Record) -> None:
-        self._record = record
+    Args:
+        repo: The repository (called in a worker thread).
+        notifier: Signals completed groups to watchers.
+        poll_s: Watchers also re-read after this many seconds without a signal.
+    """
+
+    def __init__(self, repo: SqlRepository, notifier: GroupNotifier, poll_s: float = 5.0) -> None:
+        self._repo = repo
+        self._notifier = notifier
+        self._poll_s = poll_s
 
     async def GetRollout(
         self, request: trajectory_pb2.GetRolloutRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.GetRolloutResponse:
         """One rollout as recorded. Errors: NOT_FOUND."""
-        return trajectory_pb2.GetRolloutResponse(rollout=self._record.rollout(request.rollout_id))
+        return trajectory_pb2.GetRolloutResponse(
+            rollout=await asyncio.to_thread(self._repo.rollout, request.rollout_id)
+        )
 
     async def ListRollouts(
         self, request: trajectory_pb2.ListRolloutsRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -38,30 +82,64 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
             min_reward=request.min_reward if request.HasField("min_reward") else None,
             max_reward=request.max_reward if request.HasField("max_reward") else None,
         )
-        page, token = self._record.list_rollouts(flt, request.page_size, request.page_token)
+        page, token = await asyncio.to_thread(self._repo.list_rollouts, flt, request.page_size, request.page_token)
         return trajectory_pb2.ListRolloutsResponse(rollouts=page, next_page_token=token)
 
     async def GetCalls(
         self, request: trajectory_pb2.GetCallsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.GetCallsResponse:
         """Every attempt of every call of a rollout. Errors: NOT_FOUND."""
-        return trajectory_pb2.GetCallsResponse(calls=self._record.calls(request.rollout_id))
+        return trajectory_pb2.GetCallsResponse(calls=await asyncio.to_thread(self._repo.calls, request.rollout_id))
 
     async def GetSamples(
         self, request: trajectory_pb2.GetSamplesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.GetSamplesResponse:
-        """Not built yet: answers UNIMPLEMENTED (sample assembly)."""
-        raise NotImplementedError
+        """A rollout's samples. Errors: NOT_FOUND; FAILED_PRECONDITION (not ended/assembled yet)."""
+        return trajectory_pb2.GetSamplesResponse(
+            samples=await asyncio.to_thread(self._repo.samples, request.rollout_id)
+        )
 
     async def WatchCompletedGroups(
         self, request: trajectory_pb2.WatchCompletedGroupsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[trajectory_pb2.WatchCompletedGroupsResponse]:
-        """Not built yet: answers UNIMPLEMENTED (group completion)."""
-        raise NotImplementedError
-        yield  # an async generator, as the streaming handler expects
+        """Every completed group of the run after the cursor, then new ones. Errors: INVALID_ARGUMENT."""
+        after = parse_cursor(request.cursor)
+        while True:
+            groups = await asyncio.to_thread(self._repo.completed_groups, request.run_id, after)
+            for g in groups:
+                rollouts, samples = await asyncio.to_thread(self._repo.group_contents, g.group_id)
+                yield trajectory_pb2.WatchCompletedGroupsResponse(
+                    group_id=g.group_id,
+                    task_id=g.task_id,
+                    rollouts=rollouts,
+                    samples=samples,
+                    cursor=f"{CURSOR_PREFIX}{g.seq}",
+                )
+                after = g.seq
+            if not groups:
+                await self._notifier.wait(self._poll_s)
 
     async def Export(
         self, request: trajectory_pb2.ExportRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.ExportResponse:
-        """Not built yet: answers UNIMPLEMENTED (Parquet/JSONL export)."""
-        raise NotImplementedError
+        """Writes a run's samples to a file. Errors: NOT_FOUND (run); INVALID_ARGUMENT."""
+        if request.format == trajectory_pb2.EXPORT_FORMAT_UNSPECIFIED:
+            raise InvalidArgument.field("format", "choose EXPORT_FORMAT_PARQUET or EXPORT_FORMAT_JSONL")
+        if not request.path:
+            raise InvalidArgument.field("path", "an output file path is required")
+        path = Path(request.path)
+        rows = await asyncio.to_thread(self._export_rows, request.run_id, request.include_requests)
+        if request.format == trajectory_pb2.EXPORT_FORMAT_PARQUET:
+            n = await asyncio.to_thread(export.write_parquet, path, rows, request.include_requests)
+        else:
+            n = await asyncio.to_thread(export.write_jsonl, path, rows)
+        return trajectory_pb2.ExportResponse(path=str(path), rows=n)
+
+    def _export_rows(self, run_id: str, include_requests: bool) -> list[dict[str, object]]:
+        items = self._repo.run_samples(run_id)
+        requests: dict[str, dict[str, object]] | None = None
+        if include_requests:
+            requests = {}
+            for rollout_id in dict.fromkeys(r.rollout_id for r, _ in items):
+                requests.update(export.request_bodies(self._repo.calls(rollout_id)))
+        return export.rows(items, requests)

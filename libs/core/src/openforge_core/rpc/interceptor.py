@@ -110,9 +110,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             stream_handler: Any
             if inspect.isasyncgenfunction(inner_us):
 
-                async def unary_stream(
-                    request: Any, context: grpc.aio.ServicerContext[Any, Any]
-                ) -> AsyncIterator[Any]:
+                async def unary_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
                     try:
                         async for item in inner_us(request, context):
                             yield item
@@ -124,9 +122,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
                 stream_handler = unary_stream
             else:
                 # A coroutine handler that streams with context.write() (e.g. Health.Watch).
-                async def unary_stream_writer(
-                    request: Any, context: grpc.aio.ServicerContext[Any, Any]
-                ) -> None:
+                async def unary_stream_writer(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
                     try:
                         await inner_us(request, context)
                     except (grpc.aio.AbortError, grpc.aio.UsageError):

@@ -100,9 +100,7 @@ class GrpcServer:
 
     async def set_serving(self, serving: bool = True) -> None:
         """Reports SERVING (ready) or NOT_SERVING on the overall and every service status."""
-        status = (
-            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ["", *self._names]:
             await self._health.set(name, status)
         log.info("health.changed", serving=serving)

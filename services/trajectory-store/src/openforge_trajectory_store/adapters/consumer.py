@@ -1,54 +1,103 @@
-"""Consumes call and rollout events into the record (durable JetStream consumers)."""
+"""Consumes call, rollout and run events into the repository (durable JetStream consumers).
+
+Each fetch of events is committed in one transaction and acked after the
+commit; completed groups are announced with ``GroupCompleted`` afterwards and
+marked published only once JetStream acknowledged the event (re-published on
+restart otherwise; the ``Nats-Msg-Id`` "group/<id>" drops a duplicate).
+"""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
 
 import structlog
 from google.protobuf.message import Message
 
 from openforge.orchestrator.v1 import events_pb2 as orchestrator_events
 from openforge.proxy.v1 import events_pb2 as proxy_events
+from openforge.trajectory.v1 import events_pb2 as trajectory_events
 from openforge_core.events import Delivery, EventBus, subject_for
-from openforge_trajectory_store.domain.record import Record
+from openforge_core.telemetry import use_context
+from openforge_trajectory_store.adapters.sql import CompletedGroup, SqlRepository
 
 log = structlog.get_logger(__name__)
 
 SUBJECTS = [
+    subject_for("orchestrator", "run_registered"),
     subject_for("orchestrator", "rollouts_submitted"),
     subject_for("orchestrator", "rollout_started"),
     subject_for("orchestrator", "rollout_finished"),
     subject_for("proxy", "call_recorded"),
 ]
 TYPES: list[type[Message]] = [
+    orchestrator_events.RunRegistered,
     orchestrator_events.RolloutsSubmitted,
     orchestrator_events.RolloutStarted,
     orchestrator_events.RolloutFinished,
     proxy_events.CallRecorded,
 ]
+GROUP_COMPLETED = subject_for("trajectory", "group_completed")
 
 
 class EventIngestor:
-    """Applies each event to the record; acked by the bus only after this returns."""
+    """Applies batches of events to the repository and announces completed groups.
 
-    def __init__(self, record: Record) -> None:
-        self._record = record
+    Args:
+        repo: The repository (its calls run in a worker thread).
+        bus: Where GroupCompleted is published.
+        on_group: Called (in the event loop) for every group that completed.
+    """
 
-    async def handle(self, event: Message, delivery: Delivery) -> None:
-        """Applies one event (idempotent on ``delivery.event_id``)."""
-        event_id = delivery.event_id
-        if isinstance(event, orchestrator_events.RolloutsSubmitted):
-            applied = self._record.apply_rollouts(event_id, list(event.rollouts))
-            log.info("rollouts.ingested", event_id=event_id, rollouts=len(event.rollouts), applied=applied)
-        elif isinstance(event, orchestrator_events.RolloutStarted | orchestrator_events.RolloutFinished):
-            applied = self._record.apply_rollouts(event_id, [event.rollout])
-            log.info(
-                "rollout.ingested", event_id=event_id, rollout_id=event.rollout.rollout_id, applied=applied
-            )
-        elif isinstance(event, proxy_events.CallRecorded):
-            applied = self._record.apply_call(event_id, event.record)
-            log.info("call.ingested", event_id=event_id, rollout_id=event.record.rollout_id, applied=applied)
-        else:  # pragma: no cover - the bus only decodes TYPES
-            raise TypeError(f"unexpected event {type(event).__name__}")
+    def __init__(self, repo: SqlRepository, bus: EventBus, on_group: Callable[[], None]) -> None:
+        self._repo = repo
+        self._bus = bus
+        self._on_group = on_group
+        self._publish_lock = asyncio.Lock()
 
-    async def start(self, bus: EventBus, durable: str) -> None:
-        """Starts the durable consumers of every subject the store records."""
-        await bus.consume(durable, SUBJECTS, TYPES, self.handle)
+    async def handle_batch(self, batch: Sequence[tuple[Message, Delivery]]) -> None:
+        """Commits a batch (idempotent per event id); raises to have it redelivered."""
+        result = await asyncio.to_thread(self._repo.ingest, [(d.event_id, e) for e, d in batch])
+        for event, delivery in batch:
+            with use_context(delivery.context):
+                if isinstance(event, orchestrator_events.RolloutsSubmitted):
+                    log.info("rollouts.ingested", event_id=delivery.event_id, rollouts=len(event.rollouts))
+                elif isinstance(event, proxy_events.CallRecorded):
+                    log.debug("call.ingested", event_id=delivery.event_id, rollout_id=event.record.rollout_id)
+                else:
+                    log.info("event.ingested", event_id=delivery.event_id, type=event.DESCRIPTOR.name)
+        if result.duplicates:
+            log.info("events.duplicates_skipped", count=result.duplicates)
+        if result.completed_groups:
+            self._on_group()
+            await self.publish_completed(result.completed_groups)
+
+    async def publish_completed(self, groups: Sequence[CompletedGroup] | None = None) -> None:
+        """Publishes GroupCompleted for the given groups (default: every unpublished one)."""
+        async with self._publish_lock:
+            todo = groups if groups is not None else await asyncio.to_thread(self._repo.unpublished_groups)
+            for g in todo:
+                rollouts, samples = await asyncio.to_thread(self._repo.group_contents, g.group_id)
+                event_id = f"group/{g.group_id}"
+                msg = trajectory_events.GroupCompleted(
+                    event_id=event_id,
+                    run_id=g.run_id,
+                    group_id=g.group_id,
+                    task_id=g.task_id,
+                    rollouts=len(rollouts),
+                    samples=len(samples),
+                )
+                await self._bus.publish(GROUP_COMPLETED, msg, event_id=event_id)
+                await asyncio.to_thread(self._repo.mark_published, g.group_id)
+
+    async def start(self, durable: str, batch: int) -> None:
+        """Re-announces groups left unpublished by a crash, then starts the durable consumers."""
+        await self.publish_completed()
+        await self._bus.consume(
+            durable,
+            SUBJECTS,
+            TYPES,
+            batch_handler=self.handle_batch,
+            dead_letter_domain="trajectory",
+            batch=batch,
+        )

@@ -299,12 +299,18 @@ class SpliceReport(_message.Message):
     RENDERED_FIELD_NUMBER: _builtins.int
     BREAK_CAUSE_FIELD_NUMBER: _builtins.int
     BREAK_DETAIL_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
+    EXTENDS_CALL_ID_FIELD_NUMBER: _builtins.int
     break_cause: Global___BreakCause.ValueType
     """Whether and why this prompt does not extend the previous call's prompt
     plus completion.
     """
     break_detail: _builtins.str
     """Human-readable detail for break_cause (e.g. the first diverging position)."""
+    extends_call_id: _builtins.str
+    """The call whose prompt + completion this prompt extends token for token
+    (empty when it extends none: first call, or a break).
+    """
     @_builtins.property
     def reused(self) -> _containers.RepeatedCompositeFieldContainer[Global___SpliceSpan]:
         """Spans whose ids are the exact ids an earlier call sampled."""
@@ -313,6 +319,13 @@ class SpliceReport(_message.Message):
     def rendered(self) -> _containers.RepeatedCompositeFieldContainer[Global___SpliceSpan]:
         """Spans rendered from text with the chat template."""
 
+    @_builtins.property
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What the proxy did to keep the prompt extending the previous call, e.g.
+        "kept 1 user message(s) at positions [2] where the model saw them" when
+        a harness moved an ephemeral message (OpenClaw's context tail).
+        """
+
     def __init__(
         self,
         *,
@@ -320,10 +333,12 @@ class SpliceReport(_message.Message):
         rendered: _abc.Iterable[Global___SpliceSpan] | None = ...,
         break_cause: Global___BreakCause.ValueType = ...,
         break_detail: _builtins.str = ...,
+        notes: _abc.Iterable[_builtins.str] | None = ...,
+        extends_call_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["break_cause", b"break_cause", "break_detail", b"break_detail", "rendered", b"rendered", "reused", b"reused"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["break_cause", b"break_cause", "break_detail", b"break_detail", "extends_call_id", b"extends_call_id", "notes", b"notes", "rendered", b"rendered", "reused", b"reused"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -336,6 +351,26 @@ class CallRecord(_message.Message):
     """
 
     DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class RequestHeadersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     ROLLOUT_ID_FIELD_NUMBER: _builtins.int
     CALL_ID_FIELD_NUMBER: _builtins.int
@@ -355,6 +390,12 @@ class CallRecord(_message.Message):
     TOTAL_TIME_FIELD_NUMBER: _builtins.int
     SPLICE_FIELD_NUMBER: _builtins.int
     HTTP_STATUS_FIELD_NUMBER: _builtins.int
+    REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    REQUEST_HEADERS_FIELD_NUMBER: _builtins.int
+    RESPONSE_BODY_FIELD_NUMBER: _builtins.int
+    CANONICAL_JSON_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    STREAM_FIELD_NUMBER: _builtins.int
     rollout_id: _builtins.str
     """Rollout this call belongs to."""
     call_id: _builtins.str
@@ -371,13 +412,34 @@ class CallRecord(_message.Message):
     """Why generation ended."""
     http_status: _builtins.int
     """HTTP status the harness received."""
+    request_json: _builtins.bytes
+    """The request body as received (decompressed; UTF-8 JSON), with secrets
+    and device identifiers replaced. Unknown fields are kept.
+    """
+    response_body: _builtins.bytes
+    """The bytes sent to the harness: the SSE events of a stream, or the JSON
+    body of a non-streaming answer.
+    """
+    canonical_json: _builtins.bytes
+    """The canonical conversation the prompt was built from (UTF-8 JSON:
+    {"wire_api", "model", "messages", "tools"}), identifiers replaced.
+    """
+    model: _builtins.str
+    """The model name the harness sent."""
+    stream: _builtins.bool
+    """Whether the harness asked for a streamed answer."""
     @_builtins.property
     def request(self) -> _struct_pb2.Struct:
-        """The harness's request body, with secrets and device identifiers replaced."""
+        """The harness's request body, with secrets and device identifiers replaced.
+        The proxy fills it only when configured to (OPENFORGE_RECORD__STRUCTS);
+        request_json always holds the same body.
+        """
 
     @_builtins.property
     def canonical_messages(self) -> _struct_pb2.Struct:
-        """The conversation in the proxy's canonical form (JSON object)."""
+        """The conversation in the proxy's canonical form (JSON object). Filled only
+        when configured to; canonical_json always holds it.
+        """
 
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -417,6 +479,12 @@ class CallRecord(_message.Message):
     def splice(self) -> Global___SpliceReport:
         """How the prompt ids were built."""
 
+    @_builtins.property
+    def request_headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Request headers (lower-case names) without secrets (x-api-key,
+        authorization, cookies), identifiers in values replaced.
+        """
+
     def __init__(
         self,
         *,
@@ -438,10 +506,16 @@ class CallRecord(_message.Message):
         total_time: _duration_pb2.Duration | None = ...,
         splice: Global___SpliceReport | None = ...,
         http_status: _builtins.int = ...,
+        request_json: _builtins.bytes = ...,
+        request_headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        response_body: _builtins.bytes = ...,
+        canonical_json: _builtins.bytes = ...,
+        model: _builtins.str = ...,
+        stream: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["canonical_messages", b"canonical_messages", "receive_time", b"receive_time", "request", b"request", "sampling", b"sampling", "splice", b"splice", "time_to_first_byte", b"time_to_first_byte", "total_time", b"total_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call_id", b"call_id", "canonical_messages", b"canonical_messages", "completion_logprobs", b"completion_logprobs", "completion_policy_versions", b"completion_policy_versions", "completion_token_ids", b"completion_token_ids", "finish_reason", b"finish_reason", "http_status", b"http_status", "prompt_token_ids", b"prompt_token_ids", "receive_time", b"receive_time", "request", b"request", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "splice", b"splice", "time_to_first_byte", b"time_to_first_byte", "total_time", b"total_time", "wire_api", b"wire_api"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call_id", b"call_id", "canonical_json", b"canonical_json", "canonical_messages", b"canonical_messages", "completion_logprobs", b"completion_logprobs", "completion_policy_versions", b"completion_policy_versions", "completion_token_ids", b"completion_token_ids", "finish_reason", b"finish_reason", "http_status", b"http_status", "model", b"model", "prompt_token_ids", b"prompt_token_ids", "receive_time", b"receive_time", "request", b"request", "request_headers", b"request_headers", "request_json", b"request_json", "response_body", b"response_body", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "splice", b"splice", "stream", b"stream", "time_to_first_byte", b"time_to_first_byte", "total_time", b"total_time", "wire_api", b"wire_api"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -64,6 +64,7 @@ class Sample(_message.Message):
     CALL_IDS_FIELD_NUMBER: _builtins.int
     REWARD_FIELD_NUMBER: _builtins.int
     PARTIAL_FIELD_NUMBER: _builtins.int
+    BREAK_DETAIL_FIELD_NUMBER: _builtins.int
     sample_id: _builtins.str
     """"<rollout_id>/<index>"."""
     rollout_id: _builtins.str
@@ -78,6 +79,8 @@ class Sample(_message.Message):
     """The rollout's reward."""
     partial: _builtins.bool
     """True when the rollout timed out or failed and the sample is partial."""
+    break_detail: _builtins.str
+    """Detail of break_cause (e.g. the first diverging token position)."""
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Token ids of the first call's prompt."""
@@ -119,10 +122,11 @@ class Sample(_message.Message):
         call_ids: _abc.Iterable[_builtins.str] | None = ...,
         reward: _builtins.float = ...,
         partial: _builtins.bool = ...,
+        break_detail: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["break_cause", b"break_cause", "call_ids", b"call_ids", "index", b"index", "loss_mask", b"loss_mask", "partial", b"partial", "policy_versions", b"policy_versions", "prompt_token_ids", b"prompt_token_ids", "response_token_ids", b"response_token_ids", "reward", b"reward", "rollout_id", b"rollout_id", "rollout_logprobs", b"rollout_logprobs", "sample_id", b"sample_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["break_cause", b"break_cause", "break_detail", b"break_detail", "call_ids", b"call_ids", "index", b"index", "loss_mask", b"loss_mask", "partial", b"partial", "policy_versions", b"policy_versions", "prompt_token_ids", b"prompt_token_ids", "response_token_ids", b"response_token_ids", "reward", b"reward", "rollout_id", b"rollout_id", "rollout_logprobs", b"rollout_logprobs", "sample_id", b"sample_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

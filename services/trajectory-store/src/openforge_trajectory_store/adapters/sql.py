@@ -1,0 +1,613 @@
+"""The durable record in SQL: SQLite (embedded default, WAL) or PostgreSQL.
+
+One repository, two dialects; the same test suite runs against both. All
+writes of one ingested batch happen in one transaction, and the caller acks
+the batch's events only after :meth:`SqlRepository.ingest` returned, so an
+event is never acked before it is committed. Ingestion is idempotent: each
+event id is recorded in ``events_seen`` in the same transaction as its effects.
+
+Schema (versioned; :data:`MIGRATIONS` are applied in order and recorded in
+``schema_version``):
+
+* ``runs``: run manifests.
+* ``tasks``: (run, task) pairs seen.
+* ``rollouts``: indexed columns plus the serialized ``Rollout``.
+* ``groups_``: one row per group with its size, and ``completed_seq`` — the
+  position in the completion order that WatchCompletedGroups cursors use.
+* ``calls``: one row per attempt; the serialized ``CallRecord`` with its prompt
+  stored as a delta on an earlier call (:mod:`..domain.tokens`).
+* ``samples``: serialized ``Sample`` per (rollout, index).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+from google.protobuf.message import Message
+
+from openforge.common.v1 import common_pb2
+from openforge.orchestrator.v1 import events_pb2 as orch_events
+from openforge.proxy.v1 import events_pb2 as proxy_events
+from openforge.trajectory.v1 import trajectory_pb2
+from openforge_core.errors import FailedPrecondition, InvalidArgument, NotFound
+from openforge_trajectory_store.domain import tokens
+from openforge_trajectory_store.domain.assembly import assemble
+from openforge_trajectory_store.domain.query import PageCursor, RolloutFilter, page_size, status_rank
+
+log = structlog.get_logger(__name__)
+
+_TERMINAL = 2
+
+# {blob}, {serial} are filled per dialect.
+MIGRATIONS: list[list[str]] = [
+    [
+        "CREATE TABLE events_seen (event_id TEXT PRIMARY KEY, seen_at DOUBLE PRECISION NOT NULL)",
+        "CREATE INDEX events_seen_at ON events_seen (seen_at)",
+        "CREATE TABLE runs (run_id TEXT PRIMARY KEY, create_time DOUBLE PRECISION NOT NULL, manifest {blob})",
+        "CREATE TABLE tasks (run_id TEXT NOT NULL, task_id TEXT NOT NULL, first_seen DOUBLE PRECISION NOT NULL,"
+        " PRIMARY KEY (run_id, task_id))",
+        "CREATE TABLE rollouts (rollout_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, task_id TEXT NOT NULL,"
+        " group_id TEXT NOT NULL, status INTEGER NOT NULL, reward DOUBLE PRECISION, create_time BIGINT NOT NULL,"
+        " expected_calls INTEGER NOT NULL DEFAULT 0, assembled INTEGER NOT NULL DEFAULT 0,"
+        " updated_at DOUBLE PRECISION NOT NULL, data {blob} NOT NULL)",
+        "CREATE INDEX rollouts_run ON rollouts (run_id, create_time)",
+        "CREATE INDEX rollouts_group ON rollouts (group_id)",
+        "CREATE TABLE groups_ (group_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, task_id TEXT NOT NULL,"
+        " size INTEGER NOT NULL, completed_seq BIGINT UNIQUE, published INTEGER NOT NULL DEFAULT 0)",
+        "CREATE INDEX groups_run ON groups_ (run_id, completed_seq)",
+        "CREATE TABLE calls (seq {serial}, rollout_id TEXT NOT NULL, call_id TEXT NOT NULL,"
+        " attempt INTEGER NOT NULL, run_id TEXT NOT NULL, receive_time BIGINT NOT NULL,"
+        " base_call_id TEXT, base_attempt INTEGER, prefix_len INTEGER NOT NULL DEFAULT 0, data {blob} NOT NULL,"
+        " UNIQUE (rollout_id, call_id, attempt))",
+        "CREATE TABLE samples (rollout_id TEXT NOT NULL, idx INTEGER NOT NULL, run_id TEXT NOT NULL,"
+        " data {blob} NOT NULL, PRIMARY KEY (rollout_id, idx))",
+        "CREATE INDEX samples_run ON samples (run_id)",
+    ],
+]
+
+
+class _Conn(Protocol):
+    def execute(self, sql: str, params: Sequence[Any] = ...) -> Any: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class CompletedGroup:
+    """A group whose every rollout ended and was assembled.
+
+    Attributes:
+        seq: Its position in the completion order (the watch cursor).
+        group_id: The group.
+        run_id: Its run.
+        task_id: Its task.
+        size: Rollouts in it.
+    """
+
+    seq: int
+    group_id: str
+    run_id: str
+    task_id: str
+    size: int
+
+
+@dataclass
+class IngestResult:
+    """What one ingested batch changed.
+
+    Attributes:
+        applied: Events applied (not seen before).
+        duplicates: Events skipped as already applied.
+        completed_groups: Groups that completed in this batch.
+    """
+
+    applied: int = 0
+    duplicates: int = 0
+    completed_groups: list[CompletedGroup] = field(default_factory=list)
+
+
+def _owner_only(path: Path) -> None:
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    os.close(fd)
+    os.chmod(path, 0o600)
+
+
+class SqlRepository:
+    """The store's repository over SQLite or PostgreSQL.
+
+    Args:
+        dsn: ``sqlite:///path/to/file.db`` (or a plain path) for SQLite;
+            ``postgresql://...`` for PostgreSQL.
+        base_cache: Rollouts whose last call sequence is kept in memory to
+            delta-encode the next call's prompt.
+        clock: Unix seconds (injectable for tests).
+    """
+
+    def __init__(self, dsn: str, *, base_cache: int = 4096, clock: Callable[[], float] = time.time) -> None:
+        self.dsn = dsn
+        self.postgres = dsn.startswith(("postgresql://", "postgres://"))
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._conn: _Conn | None = None
+        self._bases: OrderedDict[str, tuple[tokens.CallKey, list[int]]] = OrderedDict()
+        self._base_cache = base_cache
+
+    # -- connection ---------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Connects and applies pending migrations.
+
+        Raises:
+            FailedPrecondition: The database cannot be opened.
+        """
+        try:
+            if self.postgres:
+                import psycopg
+
+                self._conn = _ExplicitTx(psycopg.connect(self.dsn, autocommit=True))
+            else:
+                path = Path(self.dsn.removeprefix("sqlite:///").removeprefix("sqlite://"))
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _owner_only(path)
+                old = os.umask(0o077)  # the -wal and -shm files are owner-only too
+                try:
+                    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute("PRAGMA synchronous=NORMAL")
+                    conn.execute("PRAGMA foreign_keys=ON")
+                finally:
+                    os.umask(old)
+                self._conn = _ExplicitTx(conn)
+        except Exception as exc:
+            raise FailedPrecondition(f"cannot open the store database: {exc}", reason="DB_UNAVAILABLE") from exc
+        self._migrate()
+
+    def close(self) -> None:
+        """Closes the connection."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", "%s") if self.postgres else sql
+
+    def _x(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        assert self._conn is not None, "open() first"
+        return self._conn.execute(self._sql(sql), params)
+
+    @contextmanager
+    def _tx(self) -> Iterator[None]:
+        with self._lock:
+            assert self._conn is not None, "open() first"
+            self._x("BEGIN" if self.postgres else "BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self._conn.rollback()
+                raise
+            self._conn.commit()
+
+    def _migrate(self) -> None:
+        blob, serial = ("BYTEA", "BIGSERIAL PRIMARY KEY") if self.postgres else ("BLOB", "INTEGER PRIMARY KEY")
+        with self._tx():
+            self._x("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = self._x("SELECT MAX(version) FROM schema_version").fetchone()
+            current = row[0] or 0
+            for version, statements in enumerate(MIGRATIONS, start=1):
+                if version <= current:
+                    continue
+                for stmt in statements:
+                    self._x(stmt.format(blob=blob, serial=serial))
+                self._x("INSERT INTO schema_version (version) VALUES (?)", (version,))
+                log.info("store.migrated", version=version, backend="postgresql" if self.postgres else "sqlite")
+
+    def schema_version(self) -> int:
+        """The applied schema version."""
+        with self._lock:
+            return int(self._x("SELECT MAX(version) FROM schema_version").fetchone()[0])
+
+    # -- ingestion ----------------------------------------------------------------------------
+
+    def ingest(self, events: Sequence[tuple[str, Message]]) -> IngestResult:
+        """Applies a batch of events in one transaction; idempotent per event id.
+
+        Args:
+            events: (event id, event message) pairs: ``RolloutsSubmitted``,
+                ``RolloutStarted``, ``RolloutFinished``, ``RunRegistered`` or ``CallRecorded``.
+
+        Returns:
+            What changed.
+
+        Raises:
+            InvalidArgument: An event is not one the store records, or is
+                malformed (e.g. logprobs that do not match the sampled tokens).
+        """
+        result = IngestResult()
+        pending_bases: dict[str, tuple[tokens.CallKey, list[int]]] = {}
+        now = self._clock()
+        with self._tx():
+            touched_rollouts: list[str] = []
+            touched_groups: set[str] = set()
+            for event_id, event in events:
+                if not event_id:
+                    raise InvalidArgument.field("event_id", "events need an id")
+                cur = self._x(
+                    "INSERT INTO events_seen (event_id, seen_at) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                    (event_id, now),
+                )
+                if cur.rowcount == 0:
+                    result.duplicates += 1
+                    continue
+                result.applied += 1
+                if isinstance(event, orch_events.RolloutsSubmitted):
+                    sizes: dict[str, int] = {}
+                    for r in event.rollouts:
+                        sizes[r.group_id] = sizes.get(r.group_id, 0) + 1
+                    for r in event.rollouts:
+                        self._upsert_rollout(r, 0, now)
+                        self._x(
+                            "INSERT INTO groups_ (group_id, run_id, task_id, size) VALUES (?, ?, ?, ?)"
+                            " ON CONFLICT DO NOTHING",
+                            (r.group_id, r.run_id, r.task_id, sizes[r.group_id]),
+                        )
+                        touched_groups.add(r.group_id)
+                elif isinstance(event, orch_events.RolloutStarted):
+                    self._upsert_rollout(event.rollout, 0, now)
+                elif isinstance(event, orch_events.RolloutFinished):
+                    self._upsert_rollout(event.rollout, event.calls, now)
+                    touched_rollouts.append(event.rollout.rollout_id)
+                elif isinstance(event, orch_events.RunRegistered):
+                    m = event.manifest
+                    self._x(
+                        "INSERT INTO runs (run_id, create_time, manifest) VALUES (?, ?, ?)"
+                        " ON CONFLICT (run_id) DO UPDATE SET manifest = excluded.manifest",
+                        (m.run_id, now, m.SerializeToString()),
+                    )
+                elif isinstance(event, proxy_events.CallRecorded):
+                    self._insert_call(event.record, pending_bases)
+                    touched_rollouts.append(event.record.rollout_id)
+                else:
+                    raise InvalidArgument(f"the store does not record {type(event).__name__}", reason="UNKNOWN_EVENT")
+            for rollout_id in dict.fromkeys(touched_rollouts):
+                group = self._maybe_assemble(rollout_id)
+                if group:
+                    touched_groups.add(group)
+            for group_id in sorted(touched_groups):
+                done = self._maybe_complete_group(group_id)
+                if done is not None:
+                    result.completed_groups.append(done)
+        for rollout_id, base in pending_bases.items():  # only after the commit
+            self._bases[rollout_id] = base
+            self._bases.move_to_end(rollout_id)
+            while len(self._bases) > self._base_cache:
+                self._bases.popitem(last=False)
+        return result
+
+    def _upsert_rollout(self, r: common_pb2.Rollout, expected_calls: int, now: float) -> None:
+        row = self._x("SELECT status FROM rollouts WHERE rollout_id = ?", (r.rollout_id,)).fetchone()
+        data = r.SerializeToString()
+        reward = r.reward if r.HasField("reward") else None
+        if row is None:
+            self._x(
+                "INSERT INTO rollouts (rollout_id, run_id, task_id, group_id, status, reward, create_time,"
+                " expected_calls, updated_at, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    r.rollout_id,
+                    r.run_id,
+                    r.task_id,
+                    r.group_id,
+                    int(r.status),
+                    reward,
+                    r.create_time.ToNanoseconds(),
+                    expected_calls,
+                    now,
+                    data,
+                ),
+            )
+            self._x(
+                "INSERT INTO tasks (run_id, task_id, first_seen) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                (r.run_id, r.task_id, now),
+            )
+        elif status_rank(r.status) >= status_rank(row[0]):
+            self._x(
+                "UPDATE rollouts SET status = ?, reward = ?, expected_calls = MAX(expected_calls, ?),"
+                " updated_at = ?, data = ? WHERE rollout_id = ?"
+                if not self.postgres
+                else "UPDATE rollouts SET status = ?, reward = ?, expected_calls = GREATEST(expected_calls, ?),"
+                " updated_at = ?, data = ? WHERE rollout_id = ?",
+                (int(r.status), reward, expected_calls, now, data, r.rollout_id),
+            )
+
+    def _insert_call(self, rec: common_pb2.CallRecord, pending: dict[str, tuple[tokens.CallKey, list[int]]]) -> None:
+        if not rec.rollout_id or not rec.call_id:
+            raise InvalidArgument("call record without rollout_id or call_id", reason="BAD_CALL_RECORD")
+        n = len(rec.completion_token_ids)
+        if len(rec.completion_logprobs) not in (0, n) or len(rec.completion_policy_versions) not in (0, n):
+            raise InvalidArgument(
+                f"call {rec.call_id}: {n} sampled tokens, {len(rec.completion_logprobs)} logprobs, "
+                f"{len(rec.completion_policy_versions)} policy versions",
+                reason="BAD_CALL_RECORD",
+            )
+        base = pending.get(rec.rollout_id) or self._bases.get(rec.rollout_id)
+        stored = tokens.encode(rec, base)
+        cur = self._x(
+            "INSERT INTO calls (rollout_id, call_id, attempt, run_id, receive_time, base_call_id, base_attempt,"
+            " prefix_len, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (
+                rec.rollout_id,
+                rec.call_id,
+                rec.attempt,
+                rec.run_id,
+                rec.receive_time.ToNanoseconds(),
+                stored.base[0] if stored.base else None,
+                stored.base[1] if stored.base else None,
+                stored.prefix_len,
+                stored.data,
+            ),
+        )
+        if cur.rowcount:
+            pending[rec.rollout_id] = (stored.key, stored.sequence)
+
+    def _load_calls(self, rollout_id: str) -> list[common_pb2.CallRecord]:
+        rows = self._x(
+            "SELECT data, base_call_id, base_attempt, prefix_len FROM calls WHERE rollout_id = ? ORDER BY seq",
+            (rollout_id,),
+        ).fetchall()
+        decoded = tokens.decode((bytes(d), (bc, ba) if bc is not None else None, pl) for d, bc, ba, pl in rows)
+        decoded.sort(key=lambda c: (c.receive_time.ToNanoseconds(), c.call_id, c.attempt))
+        return decoded
+
+    def _maybe_assemble(self, rollout_id: str) -> str | None:
+        row = self._x(
+            "SELECT status, expected_calls, assembled, group_id, data, run_id FROM rollouts WHERE rollout_id = ?",
+            (rollout_id,),
+        ).fetchone()
+        if row is None or status_rank(row[0]) < _TERMINAL:
+            return None
+        _, expected, assembled, group_id, data, run_id = row
+        group_done = self._x("SELECT completed_seq FROM groups_ WHERE group_id = ?", (group_id,)).fetchone()
+        if group_done is not None and group_done[0] is not None:
+            if assembled:
+                log.warning("call.after_group_completed", rollout_id=rollout_id, group_id=group_id)
+            return None
+        distinct = self._x("SELECT COUNT(DISTINCT call_id) FROM calls WHERE rollout_id = ?", (rollout_id,)).fetchone()[
+            0
+        ]
+        if distinct < expected:
+            return None  # waiting for call events still in flight
+        rollout = common_pb2.Rollout.FromString(bytes(data))
+        samples = assemble(rollout, self._load_calls(rollout_id))
+        self._x("DELETE FROM samples WHERE rollout_id = ?", (rollout_id,))
+        for s in samples:
+            self._x(
+                "INSERT INTO samples (rollout_id, idx, run_id, data) VALUES (?, ?, ?, ?)",
+                (rollout_id, s.index, run_id, s.SerializeToString()),
+            )
+        self._x("UPDATE rollouts SET assembled = 1 WHERE rollout_id = ?", (rollout_id,))
+        log.info("rollout.assembled", rollout_id=rollout_id, samples=len(samples), calls=distinct)
+        return str(group_id)
+
+    def _maybe_complete_group(self, group_id: str) -> CompletedGroup | None:
+        row = self._x(
+            "SELECT run_id, task_id, size, completed_seq FROM groups_ WHERE group_id = ?", (group_id,)
+        ).fetchone()
+        if row is None or row[3] is not None:
+            return None
+        run_id, task_id, size, _ = row
+        done = self._x("SELECT COUNT(*) FROM rollouts WHERE group_id = ? AND assembled = 1", (group_id,)).fetchone()[0]
+        if done < size:
+            return None
+        seq = self._x("SELECT COALESCE(MAX(completed_seq), 0) + 1 FROM groups_").fetchone()[0]
+        self._x("UPDATE groups_ SET completed_seq = ? WHERE group_id = ?", (seq, group_id))
+        log.info("group.completed", group_id=group_id, seq=seq, rollouts=size)
+        return CompletedGroup(int(seq), group_id, run_id, task_id, int(size))
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def rollout(self, rollout_id: str) -> common_pb2.Rollout:
+        """One rollout. Raises NotFound."""
+        with self._lock:
+            row = self._x("SELECT data FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no rollout {rollout_id!r}", metadata={"rollout_id": rollout_id})
+        return common_pb2.Rollout.FromString(bytes(row[0]))
+
+    def list_rollouts(self, flt: RolloutFilter, size: int, token: str) -> tuple[list[common_pb2.Rollout], str]:
+        """A page of rollouts, newest first, and the next page token ("" on the last page).
+
+        Raises:
+            InvalidArgument: Negative size or malformed token.
+        """
+        limit = page_size(size)
+        where: list[str] = ["1 = 1"]
+        params: list[Any] = []
+        if flt.run_id:
+            where.append("run_id = ?")
+            params.append(flt.run_id)
+        if flt.task_id:
+            where.append("task_id = ?")
+            params.append(flt.task_id)
+        if flt.status:
+            where.append("status = ?")
+            params.append(flt.status)
+        if flt.min_reward is not None:
+            where.append("reward >= ?")
+            params.append(flt.min_reward)
+        if flt.max_reward is not None:
+            where.append("reward <= ?")
+            params.append(flt.max_reward)
+        if token:
+            cur = PageCursor.decode(token)
+            where.append("(create_time < ? OR (create_time = ? AND rollout_id > ?))")
+            params += [cur.create_time_ns, cur.create_time_ns, cur.rollout_id]
+        sql = (
+            f"SELECT data, create_time, rollout_id FROM rollouts WHERE {' AND '.join(where)}"
+            " ORDER BY create_time DESC, rollout_id ASC LIMIT ?"
+        )
+        with self._lock:
+            rows = self._x(sql, [*params, limit + 1]).fetchall()
+        page = [common_pb2.Rollout.FromString(bytes(r[0])) for r in rows[:limit]]
+        next_token = PageCursor(rows[limit - 1][1], rows[limit - 1][2]).encode() if len(rows) > limit else ""
+        return page, next_token
+
+    def calls(self, rollout_id: str) -> list[common_pb2.CallRecord]:
+        """Every attempt of every call, in receive order. Raises NotFound if nothing is known of the rollout."""
+        with self._lock:
+            calls = self._load_calls(rollout_id)
+            if not calls and self._x("SELECT 1 FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone() is None:
+                raise NotFound(f"no rollout {rollout_id!r}", metadata={"rollout_id": rollout_id})
+        return calls
+
+    def samples(self, rollout_id: str) -> list[trajectory_pb2.Sample]:
+        """A rollout's samples.
+
+        Raises:
+            NotFound: Unknown rollout.
+            FailedPrecondition: The rollout has not ended (or its calls are still arriving).
+        """
+        with self._lock:
+            row = self._x("SELECT assembled FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no rollout {rollout_id!r}", metadata={"rollout_id": rollout_id})
+            if not row[0]:
+                raise FailedPrecondition(f"rollout {rollout_id} is not assembled yet", reason="NOT_ASSEMBLED")
+            rows = self._x("SELECT data FROM samples WHERE rollout_id = ? ORDER BY idx", (rollout_id,)).fetchall()
+        return [trajectory_pb2.Sample.FromString(bytes(r[0])) for r in rows]
+
+    def completed_groups(self, run_id: str, after_seq: int, limit: int = 100) -> list[CompletedGroup]:
+        """Completed groups of a run after a cursor position, in completion order."""
+        with self._lock:
+            rows = self._x(
+                "SELECT completed_seq, group_id, run_id, task_id, size FROM groups_"
+                " WHERE run_id = ? AND completed_seq > ? ORDER BY completed_seq LIMIT ?",
+                (run_id, after_seq, limit),
+            ).fetchall()
+        return [CompletedGroup(int(r[0]), r[1], r[2], r[3], int(r[4])) for r in rows]
+
+    def group_contents(self, group_id: str) -> tuple[list[common_pb2.Rollout], list[trajectory_pb2.Sample]]:
+        """The rollouts (by group index) and their samples of one group."""
+        with self._lock:
+            rollouts = [
+                common_pb2.Rollout.FromString(bytes(r[0]))
+                for r in self._x("SELECT data FROM rollouts WHERE group_id = ?", (group_id,)).fetchall()
+            ]
+            rollouts.sort(key=lambda r: r.group_index)
+            samples: list[trajectory_pb2.Sample] = []
+            for r in rollouts:
+                samples += [
+                    trajectory_pb2.Sample.FromString(bytes(row[0]))
+                    for row in self._x(
+                        "SELECT data FROM samples WHERE rollout_id = ? ORDER BY idx", (r.rollout_id,)
+                    ).fetchall()
+                ]
+        return rollouts, samples
+
+    def run_samples(self, run_id: str) -> list[tuple[common_pb2.Rollout, trajectory_pb2.Sample]]:
+        """Every sample of a run with its rollout, in rollout creation order.
+
+        Raises:
+            NotFound: The run has no rollouts.
+        """
+        with self._lock:
+            rollouts = self._x(
+                "SELECT rollout_id, data FROM rollouts WHERE run_id = ? ORDER BY create_time, rollout_id",
+                (run_id,),
+            ).fetchall()
+            if not rollouts:
+                raise NotFound(f"no run {run_id!r}", metadata={"run_id": run_id})
+            out = []
+            for rid, data in rollouts:
+                r = common_pb2.Rollout.FromString(bytes(data))
+                for (sdata,) in self._x(
+                    "SELECT data FROM samples WHERE rollout_id = ? ORDER BY idx", (rid,)
+                ).fetchall():
+                    out.append((r, trajectory_pb2.Sample.FromString(bytes(sdata))))
+        return out
+
+    def run_manifest(self, run_id: str) -> common_pb2.RunManifest | None:
+        """The run's manifest, if one was registered."""
+        with self._lock:
+            row = self._x("SELECT manifest FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return common_pb2.RunManifest.FromString(bytes(row[0])) if row and row[0] is not None else None
+
+    def unpublished_groups(self) -> list[CompletedGroup]:
+        """Completed groups whose GroupCompleted event is not yet confirmed published."""
+        with self._lock:
+            rows = self._x(
+                "SELECT completed_seq, group_id, run_id, task_id, size FROM groups_"
+                " WHERE completed_seq IS NOT NULL AND published = 0 ORDER BY completed_seq"
+            ).fetchall()
+        return [CompletedGroup(int(r[0]), r[1], r[2], r[3], int(r[4])) for r in rows]
+
+    def mark_published(self, group_id: str) -> None:
+        """Records that a group's GroupCompleted event was published."""
+        with self._tx():
+            self._x("UPDATE groups_ SET published = 1 WHERE group_id = ?", (group_id,))
+
+    def count_calls(self) -> int:
+        """Stored call attempts (all rollouts)."""
+        with self._lock:
+            return int(self._x("SELECT COUNT(*) FROM calls").fetchone()[0])
+
+    # -- retention ----------------------------------------------------------------------------
+
+    def delete_runs_older_than(self, cutoff_unix_s: float) -> list[str]:
+        """Deletes every run whose newest rollout (or registration) is older than the cutoff.
+
+        Returns:
+            The deleted run ids.
+        """
+        cutoff_ns = int(cutoff_unix_s * 1e9)
+        with self._tx():
+            rows = self._x(
+                "SELECT run_id FROM (SELECT run_id, MAX(create_time) AS newest FROM rollouts GROUP BY run_id) t"
+                " WHERE newest < ?",
+                (cutoff_ns,),
+            ).fetchall()
+            old_registered = self._x(
+                "SELECT run_id FROM runs WHERE create_time < ? AND run_id NOT IN (SELECT run_id FROM rollouts)",
+                (cutoff_unix_s,),
+            ).fetchall()
+            runs = sorted({r[0] for r in rows} | {r[0] for r in old_registered})
+            for run_id in runs:
+                for table in ("calls", "samples", "rollouts", "groups_", "tasks", "runs"):
+                    self._x(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+            self._x("DELETE FROM events_seen WHERE seen_at < ?", (cutoff_unix_s,))
+        for run_id in runs:
+            log.info("retention.deleted_run", run_id=run_id)
+        return runs
+
+
+class _ExplicitTx:
+    """A connection in autocommit mode with explicit BEGIN/COMMIT/ROLLBACK.
+
+    Reads outside a transaction then see the latest committed state and never
+    leave a transaction open; writes group into :meth:`SqlRepository._tx`.
+    """
+
+    def __init__(self, conn: Any) -> None:
+        self._c = conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self._c.execute(sql, params)
+
+    def commit(self) -> None:
+        self._c.execute("COMMIT")
+
+    def rollback(self) -> None:
+        self._c.execute("ROLLBACK")
+
+    def close(self) -> None:
+        self._c.close()

@@ -1,0 +1,71 @@
+"""ListRollouts filters and keyset page tokens."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+
+from openforge.common.v1 import common_pb2
+from openforge_core.errors import InvalidArgument
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+
+
+@dataclass(frozen=True)
+class RolloutFilter:
+    """Filters of ListRollouts; empty/None fields match everything."""
+
+    run_id: str = ""
+    task_id: str = ""
+    status: int = common_pb2.ROLLOUT_STATUS_UNSPECIFIED
+    min_reward: float | None = None
+    max_reward: float | None = None
+
+
+@dataclass(frozen=True)
+class PageCursor:
+    """Position after the last rollout of a page (newest-first order: create time desc, id asc)."""
+
+    create_time_ns: int
+    rollout_id: str
+
+    def encode(self) -> str:
+        raw = json.dumps([self.create_time_ns, self.rollout_id]).encode()
+        return base64.urlsafe_b64encode(raw).decode()
+
+    @staticmethod
+    def decode(token: str) -> PageCursor:
+        """Parses a page token.
+
+        Raises:
+            InvalidArgument: The token is not one this store issued.
+        """
+        try:
+            ct, rid = json.loads(base64.urlsafe_b64decode(token.encode()))
+            if not isinstance(ct, int) or not isinstance(rid, str):
+                raise ValueError
+        except (ValueError, TypeError, UnicodeDecodeError):
+            raise InvalidArgument.field("page_token", "malformed page token") from None
+        return PageCursor(ct, rid)
+
+
+def page_size(requested: int) -> int:
+    """The effective page size (0 = default, capped).
+
+    Raises:
+        InvalidArgument: Negative size.
+    """
+    if requested < 0:
+        raise InvalidArgument.field("page_size", "must be >= 0")
+    return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def status_rank(status: int) -> int:
+    """0 pending, 1 running, 2 terminal: a state never goes back to a lower rank."""
+    if status in (common_pb2.ROLLOUT_STATUS_UNSPECIFIED, common_pb2.ROLLOUT_STATUS_PENDING):
+        return 0
+    if status == common_pb2.ROLLOUT_STATUS_RUNNING:
+        return 1
+    return 2

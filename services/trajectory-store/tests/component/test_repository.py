@@ -1,0 +1,182 @@
+"""The repository on SQLite and PostgreSQL: one suite, both backends."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from store_builders import conversation, finished, make_call, make_rollout, recorded, submitted
+
+from openforge.common.v1 import common_pb2
+from openforge.orchestrator.v1 import events_pb2 as orch
+from openforge_core.errors import FailedPrecondition, InvalidArgument, NotFound
+from openforge_trajectory_store.adapters import export
+from openforge_trajectory_store.adapters.sql import SqlRepository
+from openforge_trajectory_store.domain.query import RolloutFilter
+
+DONE = common_pb2.ROLLOUT_STATUS_SUCCEEDED
+
+
+def _group(repo: SqlRepository, n: int = 2, turns: int = 3) -> list[common_pb2.Rollout]:
+    rollouts = [make_rollout(f"r{i}", index=i, t=i) for i in range(n)]
+    repo.ingest([submitted(*rollouts)])
+    for r in rollouts:
+        repo.ingest([recorded(c) for c in conversation(r.rollout_id, turns)])
+    return rollouts
+
+
+def _finish(r: common_pb2.Rollout, reward: float, calls: int) -> tuple[str, orch.RolloutFinished]:
+    done = common_pb2.Rollout()
+    done.CopyFrom(r)
+    done.status = DONE
+    done.reward = reward
+    return finished(done, calls)
+
+
+def test_migrations_are_versioned_and_idempotent(repo: SqlRepository) -> None:
+    assert repo.schema_version() == 1
+    repo.close()
+    repo.open()
+    assert repo.schema_version() == 1
+
+
+def test_redelivery_never_duplicates(repo: SqlRepository) -> None:
+    calls = conversation("r0", 4)
+    events = [submitted(make_rollout("r0")), *[recorded(c) for c in calls]]
+    first = repo.ingest(events)
+    again = repo.ingest(events)
+    assert (first.applied, first.duplicates) == (5, 0)
+    assert (again.applied, again.duplicates) == (0, 5)
+    assert repo.count_calls() == 4
+    got = repo.calls("r0")
+    assert [c.SerializeToString() for c in got] == [c.SerializeToString() for c in calls]
+
+
+def test_group_completes_once_with_aligned_samples(repo: SqlRepository) -> None:
+    r0, r1 = _group(repo)
+    assert repo.ingest([_finish(r0, 1.0, 3)]).completed_groups == []
+    with pytest.raises(FailedPrecondition):
+        repo.samples("r1")
+    done = repo.ingest([_finish(r1, 0.0, 3)]).completed_groups
+    assert [(g.group_id, g.size, g.seq) for g in done] == [("g1", 2, 1)]
+    assert repo.ingest([_finish(r1, 0.0, 3)]).completed_groups == []  # redelivered finish
+    [s0] = repo.samples("r0")
+    calls = repo.calls("r0")
+    assert list(s0.prompt_token_ids) + list(s0.response_token_ids) == (
+        list(calls[-1].prompt_token_ids) + list(calls[-1].completion_token_ids)
+    )
+    assert sum(s0.loss_mask) == sum(len(c.completion_token_ids) for c in calls)
+    assert s0.reward == 1.0
+    assert [g.group_id for g in repo.completed_groups("run", 0)] == ["g1"]
+    assert repo.completed_groups("run", 1) == []
+    assert [g.group_id for g in repo.unpublished_groups()] == ["g1"]
+    repo.mark_published("g1")
+    assert repo.unpublished_groups() == []
+
+
+def test_waits_for_calls_still_in_flight(repo: SqlRepository) -> None:
+    calls = conversation("r0", 3)
+    r0 = make_rollout("r0")
+    repo.ingest([submitted(r0), recorded(calls[0]), recorded(calls[1])])
+    assert repo.ingest([_finish(r0, 1.0, 3)]).completed_groups == []  # the proxy served 3
+    done = repo.ingest([recorded(calls[2])]).completed_groups
+    assert [g.group_id for g in done] == ["g1"]
+    assert list(repo.samples("r0")[0].call_ids) == ["c0", "c1", "c2"]
+
+
+def test_finish_before_submit_and_stale_states(repo: SqlRepository) -> None:
+    r0 = make_rollout("r0")
+    repo.ingest([recorded(c) for c in conversation("r0", 2)])
+    repo.ingest([_finish(r0, 1.0, 2)])
+    repo.ingest([("started/r0", orch.RolloutStarted(event_id="started/r0", rollout=r0))])  # late, older state
+    assert repo.rollout("r0").status == DONE
+    assert repo.completed_groups("run", 0) == []  # the group's size is not known yet
+    assert [g.group_id for g in repo.ingest([submitted(r0)]).completed_groups] == ["g1"]
+
+
+def test_invalid_call_is_refused(repo: SqlRepository) -> None:
+    bad = make_call("r0", "c0", [1, 2], [3, 4])
+    del bad.completion_logprobs[:]
+    bad.completion_logprobs.append(-1.0)
+    with pytest.raises(InvalidArgument):
+        repo.ingest([recorded(bad)])
+    assert repo.count_calls() == 0  # nothing of the failed batch was committed
+
+
+def test_list_filters_and_pages(repo: SqlRepository) -> None:
+    rollouts = [make_rollout(f"r{i:02d}", group_id=f"g{i}", status=DONE, reward=i / 10, t=i % 4) for i in range(10)]
+    repo.ingest([submitted(*rollouts)])
+    seen: list[str] = []
+    token = ""
+    while True:
+        page, token = repo.list_rollouts(RolloutFilter(run_id="run"), 3, token)
+        seen += [r.rollout_id for r in page]
+        if not token:
+            break
+    expected = sorted(rollouts, key=lambda r: (-r.create_time.ToNanoseconds(), r.rollout_id))
+    assert seen == [r.rollout_id for r in expected]
+    page, _ = repo.list_rollouts(RolloutFilter(min_reward=0.3, max_reward=0.5, status=DONE), 0, "")
+    assert sorted(r.rollout_id for r in page) == ["r03", "r04", "r05"]
+    with pytest.raises(InvalidArgument):
+        repo.list_rollouts(RolloutFilter(), 0, "bogus")
+    with pytest.raises(NotFound):
+        repo.rollout("nope")
+
+
+def test_retention_deletes_old_runs(repo: SqlRepository) -> None:
+    _group(repo)
+    old = make_rollout("new", group_id="g2", run_id="fresh", t=10**12)  # 1000 s later
+    repo.ingest([submitted(old, event_id="sub/2")])
+    deleted = repo.delete_runs_older_than(1.0 + 500)  # cutoff between the two runs
+    assert deleted == ["run"]
+    with pytest.raises(NotFound):
+        repo.rollout("r0")
+    assert repo.count_calls() == 0
+    assert repo.rollout("new").run_id == "fresh"
+
+
+def test_export_round_trips(repo: SqlRepository, tmp_path: Path) -> None:
+    r0, r1 = _group(repo)
+    repo.ingest([_finish(r0, 1.0, 3), _finish(r1, 0.0, 3)])
+    items = repo.run_samples("run")
+    rows = export.rows(items, None)
+    out = tmp_path / "out" / "run.parquet"
+    assert export.write_parquet(out, rows, include_requests=False) == 2
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    table = pq.read_table(out)
+    assert table.column_names[:6] == [
+        "prompt_ids",
+        "response_ids",
+        "response_mask",
+        "rollout_log_probs",
+        "policy_versions",
+        "reward",
+    ]
+    back = table.to_pylist()
+    for row, (_, s) in zip(back, items, strict=True):
+        assert row["response_ids"] == list(s.response_token_ids)
+        assert row["response_mask"] == list(s.loss_mask)
+        assert row["prompt_ids"] == list(s.prompt_token_ids)
+        assert row["uid"] == "g1"
+    assert "requests" not in table.column_names
+    jsonl = tmp_path / "run.jsonl"
+    calls = {c.call_id: {"model": "tiny"} for c in repo.calls("r0")}
+    export.write_jsonl(jsonl, export.rows(items, calls))
+    lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert json.loads(lines[0]["requests"]) == [{"model": "tiny"}] * 3
+    assert stat.S_IMODE(os.stat(jsonl).st_mode) == 0o600
+    with pytest.raises(NotFound):
+        repo.run_samples("no-run")
+
+
+def test_sqlite_file_is_owner_only(tmp_path: Path) -> None:
+    r = SqlRepository(str(tmp_path / "private" / "store.db"))
+    r.open()
+    r.ingest([submitted(make_rollout("r0"))])
+    for f in (tmp_path / "private").iterdir():
+        assert stat.S_IMODE(os.stat(f).st_mode) == 0o600, f.name
+    r.close()

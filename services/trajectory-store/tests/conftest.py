@@ -1,0 +1,35 @@
+"""The repository on each backend: SQLite (a file in tmp) and PostgreSQL (a fresh schema)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from openforge_trajectory_store.adapters.sql import SqlRepository
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def repo(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlRepository]:
+    """A migrated repository on SQLite (a file in tmp) or PostgreSQL (a fresh schema)."""
+    if request.param == "sqlite":
+        r = SqlRepository(f"sqlite:///{tmp_path / 'db' / 'store.db'}")
+        r.open()
+        yield r
+        r.close()
+        return
+    dsn = request.getfixturevalue("postgres_dsn")
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in dsn else "?"
+    r = SqlRepository(f"{dsn}{sep}options=-csearch_path%3D{schema}")
+    r.open()
+    yield r
+    r.close()
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f"DROP SCHEMA {schema} CASCADE")
