@@ -63,9 +63,7 @@ def generate(out_root: Path) -> None:
 
 
 def _tree(root: Path) -> dict[str, Path]:
-    return {
-        str(p.relative_to(root)): p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-    }
+    return {str(p.relative_to(root)): p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
 
 def check() -> int:
@@ -78,9 +76,7 @@ def check() -> int:
         stale = sorted(
             name
             for name in fresh.keys() | current.keys()
-            if name not in fresh
-            or name not in current
-            or not filecmp.cmp(fresh[name], current[name], shallow=False)
+            if name not in fresh or name not in current or not filecmp.cmp(fresh[name], current[name], shallow=False)
         )
     if stale:
         print("generated code is stale; run `make protos`:", file=sys.stderr)

@@ -182,9 +182,7 @@ class ServiceProcess:
             asyncio.run(self._wait(timeout_s))
         except Exception as exc:
             self.stop()
-            raise RuntimeError(
-                f"{self.module} did not become SERVING: {exc}\n--- log ---\n{self.log()}"
-            ) from exc
+            raise RuntimeError(f"{self.module} did not become SERVING: {exc}\n--- log ---\n{self.log()}") from exc
         return self
 
     async def _wait(self, timeout_s: float) -> None:

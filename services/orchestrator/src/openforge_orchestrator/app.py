@@ -22,9 +22,7 @@ class OrchestratorApp:
         self.rollouts = RolloutRegistry(NatsRolloutEvents(self.events))
 
     def register(self, server: grpc.aio.Server) -> None:
-        orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(
-            OrchestratorServicer(self.rollouts), server
-        )
+        orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(OrchestratorServicer(self.rollouts), server)
 
     async def start(self) -> None:
         await self.events.connect()

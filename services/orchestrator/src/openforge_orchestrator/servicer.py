@@ -38,9 +38,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
         self, request: orchestrator_pb2.GetRolloutRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> orchestrator_pb2.GetRolloutResponse:
         """One rollout. Errors: NOT_FOUND."""
-        return orchestrator_pb2.GetRolloutResponse(
-            rollout=rollout_to_proto(self._rollouts.get(request.rollout_id))
-        )
+        return orchestrator_pb2.GetRolloutResponse(rollout=rollout_to_proto(self._rollouts.get(request.rollout_id)))
 
     async def WatchRollouts(
         self, request: orchestrator_pb2.WatchRolloutsRequest, context: grpc.aio.ServicerContext[Any, Any]

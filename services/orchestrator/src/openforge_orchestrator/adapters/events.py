@@ -24,16 +24,12 @@ class NatsRolloutEvents:
 
     async def submitted(self, request_id: str, rollouts: list[Rollout]) -> None:
         event_id = f"submitted/{request_id}"
-        msg = events_pb2.RolloutsSubmitted(
-            event_id=event_id, rollouts=[rollout_to_proto(r) for r in rollouts]
-        )
+        msg = events_pb2.RolloutsSubmitted(event_id=event_id, rollouts=[rollout_to_proto(r) for r in rollouts])
         await self._bus.publish(ROLLOUTS_SUBMITTED, msg, event_id=event_id)
         log.info("rollouts.submitted", request_id=request_id, rollouts=len(rollouts))
 
     async def finished(self, rollout: Rollout) -> None:
         event_id = f"finished/{rollout.rollout_id}"
-        msg = events_pb2.RolloutFinished(
-            event_id=event_id, rollout=rollout_to_proto(rollout), harness_exit_code=-1
-        )
+        msg = events_pb2.RolloutFinished(event_id=event_id, rollout=rollout_to_proto(rollout), harness_exit_code=-1)
         await self._bus.publish(ROLLOUT_FINISHED, msg, event_id=event_id)
         log.info("rollout.finished", rollout_id=rollout.rollout_id, status=rollout.status.value)
