@@ -15,18 +15,14 @@ from openforge_inference.domain.model_dir import read_model_dir
 def _model_dir(tmp_path: Path, *, template_file: bool) -> Path:
     d = tmp_path / "m"
     d.mkdir()
-    (d / "config.json").write_text(
-        json.dumps({"vocab_size": 512, "max_position_embeddings": 2048, "eos_token_id": 2})
-    )
+    (d / "config.json").write_text(json.dumps({"vocab_size": 512, "max_position_embeddings": 2048, "eos_token_id": 2}))
     (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 5]}))
     (d / "tokenizer.json").write_text('{"model": {}}')
     tmpl = "{% for m in messages %}{{ m.content }}{% endfor %}"
     if template_file:
         (d / "chat_template.jinja").write_text(tmpl)
     else:
-        (d / "tokenizer_config.json").write_text(
-            json.dumps({"chat_template": [{"name": "default", "template": tmpl}]})
-        )
+        (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": [{"name": "default", "template": tmpl}]}))
     return d
 
 

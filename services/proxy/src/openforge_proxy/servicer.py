@@ -89,6 +89,4 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         self, request: proxy_pb2.CloseSessionRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> proxy_pb2.CloseSessionResponse:
         """Closes a session; idempotent. Errors: NOT_FOUND."""
-        return proxy_pb2.CloseSessionResponse(
-            session=session_to_proto(self._sessions.close(request.rollout_id))
-        )
+        return proxy_pb2.CloseSessionResponse(session=session_to_proto(self._sessions.close(request.rollout_id)))

@@ -16,9 +16,7 @@ class Clock:
         return self.now
 
 
-def _create(
-    reg: SessionRegistry, rollout: str = "r1", request: str = "q1", **kw: object
-) -> tuple[object, str]:
+def _create(reg: SessionRegistry, rollout: str = "r1", request: str = "q1", **kw: object) -> tuple[object, str]:
     args: dict[str, object] = {
         "request_id": request,
         "rollout_id": rollout,
