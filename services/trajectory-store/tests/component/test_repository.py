@@ -164,7 +164,7 @@ def test_export_round_trips(repo: SqlRepository, tmp_path: Path) -> None:
         assert row["uid"] == "g1"
     assert "requests" not in table.column_names
     jsonl = tmp_path / "run.jsonl"
-    calls = {c.call_id: {"model": "tiny"} for c in repo.calls("r0")}
+    calls: dict[str, dict[str, object]] = {c.call_id: {"model": "tiny"} for c in repo.calls("r0")}
     export.write_jsonl(jsonl, export.rows(items, calls))
     lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert json.loads(lines[0]["requests"]) == [{"model": "tiny"}] * 3

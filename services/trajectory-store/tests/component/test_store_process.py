@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import nats
@@ -77,9 +77,9 @@ def _count(dsn: str) -> int:
             conn.close()
     import psycopg
 
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True) as pg:
         try:
-            row = conn.execute("SELECT COUNT(*) FROM calls").fetchone()
+            row = pg.execute("SELECT COUNT(*) FROM calls").fetchone()
         except psycopg.errors.UndefinedTable:
             return 0
         return int(row[0]) if row else 0
@@ -134,7 +134,7 @@ def test_groups_are_emitted_once_across_restarts(
         async with grpc.aio.insecure_channel(store.address) as ch:
             stub = trajectory_pb2_grpc.TrajectoryServiceStub(ch)
             call = stub.WatchCompletedGroups(trajectory_pb2.WatchCompletedGroupsRequest(run_id="run"), timeout=30)
-            got = await call.read()
+            got = cast(trajectory_pb2.WatchCompletedGroupsResponse, await call.read())
             call.cancel()
             assert got.group_id == "g1" and len(got.rollouts) == 2 and len(got.samples) == 2
             assert [s.reward for s in got.samples] == [1.0, 1.0]
@@ -165,7 +165,7 @@ def test_groups_are_emitted_once_across_restarts(
             call = stub.WatchCompletedGroups(
                 trajectory_pb2.WatchCompletedGroupsRequest(run_id="run", cursor=cursor), timeout=30
             )
-            got = await call.read()
+            got = cast(trajectory_pb2.WatchCompletedGroupsResponse, await call.read())
             call.cancel()
             return [got.group_id]
 
