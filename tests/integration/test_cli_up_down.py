@@ -43,6 +43,8 @@ def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
         str(base),
         "--nats-port",
         str(nats_port),
+        "--http-port",
+        str(free_port()),
         cwd=tmp_path,
     )
     elapsed = time.monotonic() - t0

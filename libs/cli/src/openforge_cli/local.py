@@ -61,6 +61,7 @@ class UpState:
     nats_url: str
     processes: list[ProcessInfo] = field(default_factory=list)
     started_at: float = 0.0
+    harness_base_url: str = ""
 
     def save(self, state_dir: Path) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -78,6 +79,7 @@ class UpState:
             nats_url=data["nats_url"],
             processes=[ProcessInfo(**p) for p in data["processes"]],
             started_at=data.get("started_at", 0.0),
+            harness_base_url=data.get("harness_base_url", ""),
         )
 
 
@@ -155,6 +157,7 @@ def up(
     host: str = "127.0.0.1",
     base_port: int = 50051,
     nats_port: int = 4322,
+    http_port: int = 8080,
     nats_url: str | None = None,
     timeout_s: float = 60.0,
     extra_env: dict[str, str] | None = None,
@@ -166,6 +169,7 @@ def up(
         host: Interface every service binds.
         base_port: gRPC port of the first service; the others follow in order.
         nats_port: Port of the embedded NATS server.
+        http_port: The proxy's harness-facing HTTP port (the harnesses' base URL).
         nats_url: Use this NATS instead of starting one.
         timeout_s: How long to wait for SERVING, seconds.
         extra_env: More ``OPENFORGE_*`` settings for every service.
@@ -182,7 +186,11 @@ def up(
     if existing is not None and any(_alive(p.pid) for p in existing.processes):
         raise RuntimeError(f"already up (see {state_dir / STATE_FILE}); run `openforge down` first")
     logs = state_dir / "logs"
-    state = UpState(nats_url=nats_url or f"nats://{host}:{nats_port}", started_at=time.time())
+    state = UpState(
+        nats_url=nats_url or f"nats://{host}:{nats_port}",
+        started_at=time.time(),
+        harness_base_url=f"http://{host}:{http_port}",
+    )
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         if nats_url is None:
@@ -214,6 +222,8 @@ def up(
         for i, (name, module, _) in enumerate(SERVICES):
             log = logs / f"{name}.log"
             svc_env = {**env, "OPENFORGE_GRPC__HOST": host, "OPENFORGE_GRPC__PORT": str(base_port + i)}
+            if name == "proxy":
+                svc_env.update({"OPENFORGE_HTTP__HOST": host, "OPENFORGE_HTTP__PORT": str(http_port)})
             p = _spawn([sys.executable, "-m", module], svc_env, log)
             procs[name] = p
             state.processes.append(ProcessInfo(name, p.pid, addresses[name], str(log)))

@@ -31,6 +31,7 @@ def main() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface the services bind.")
 @click.option("--base-port", default=50051, show_default=True, help="gRPC port of the first service.")
 @click.option("--nats-port", default=4322, show_default=True, help="Port of the embedded NATS server.")
+@click.option("--http-port", default=8080, show_default=True, help="The proxy's port for harnesses.")
 @click.option("--nats-url", default=None, help="Use this NATS server instead of starting one.")
 @click.option("--timeout", "timeout_s", default=60.0, show_default=True, help="Seconds to wait for SERVING.")
 @click.option("--detach", is_flag=True, help="Return once SERVING; stop later with `openforge down`.")
@@ -39,6 +40,7 @@ def up(
     host: str,
     base_port: int,
     nats_port: int,
+    http_port: int,
     nats_url: str | None,
     timeout_s: float,
     detach: bool,
@@ -50,6 +52,7 @@ def up(
             host=host,
             base_port=base_port,
             nats_port=nats_port,
+            http_port=http_port,
             nats_url=nats_url,
             timeout_s=timeout_s,
         )
@@ -58,6 +61,7 @@ def up(
     click.echo(f"OpenForgeRL is up ({len(state.processes)} processes, all SERVING):")
     for p in state.processes:
         click.echo(f"  {p.name:<17} {p.address:<24} pid {p.pid:<8} log {p.log}")
+    click.echo(f"Harness base URL (the proxy): {state.harness_base_url}")
     if detach:
         click.echo("Stop with: openforge down")
         return

@@ -147,10 +147,12 @@ class ServiceProcess:
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.log_path = log_path
+        self.http_port = free_port()  # the proxy's harness-facing port; other services ignore it
         self._env = {
             **os.environ,
             "OPENFORGE_GRPC__HOST": "127.0.0.1",
             "OPENFORGE_GRPC__PORT": str(self.port),
+            "OPENFORGE_HTTP__PORT": str(self.http_port),
             "OPENFORGE_GRPC__GRACEFUL_SHUTDOWN_S": "2",
             **env,
         }

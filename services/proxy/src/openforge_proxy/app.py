@@ -2,20 +2,76 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from pathlib import Path
+
 import grpc
+import structlog
 
 from openforge.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from openforge_core.events import EventBus
+from openforge_proxy.adapters.inference import GrpcEngine
+from openforge_proxy.adapters.publisher import NatsRecorder
+from openforge_proxy.domain.handler import CallHandler
+from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.sessions import SessionRegistry
+from openforge_proxy.http.server import HttpServer
 from openforge_proxy.servicer import ProxyServicer
 from openforge_proxy.settings import ProxySettings
 
+log = structlog.get_logger(__name__)
+
+EV_MODEL_LOADED = "model.loaded"
+EV_MODEL_UNAVAILABLE = "model.unavailable"
+
+#: Seconds between sweeps that expire sessions (and free their splice state).
+SWEEP_INTERVAL_S = 30.0
+
+
+class ModelLoader:
+    """Loads the served model's runtime once, on first need (retrying while inference is down).
+
+    Args:
+        engine: The inference client.
+        settings: The proxy's settings.
+    """
+
+    def __init__(self, engine: GrpcEngine, settings: ProxySettings) -> None:
+        self._engine = engine
+        self._settings = settings
+        self._runtime: ModelRuntime | None = None
+        self._lock = asyncio.Lock()
+
+    async def __call__(self) -> ModelRuntime:
+        if self._runtime is not None:
+            return self._runtime
+        async with self._lock:
+            if self._runtime is None:
+                info = await self._engine.model_info()
+                m = self._settings.model
+                self._runtime = ModelRuntime.load(
+                    info,
+                    model_dir=Path(m.path) if m.path else None,
+                    family=m.family,
+                    template_kwargs=m.template_kwargs,
+                    check_hash=m.check_tokenizer_hash,
+                )
+                log.info(
+                    EV_MODEL_LOADED,
+                    model=info.model_name,
+                    family=self._runtime.family.name,
+                    template_hash=info.chat_template_hash,
+                )
+            return self._runtime
+
 
 class ProxyApp:
-    """Builds the proxy's dependencies: the session registry and the event bus.
+    """Builds the proxy's dependencies: sessions, the event bus, inference, the HTTP server.
 
-    Ready once NATS is connected and the proxy's stream exists (call records
-    are published there).
+    Ready once NATS is connected, the proxy's stream exists and the HTTP port
+    is bound. Inference need not be up: the model is loaded on the first call
+    (503 in the caller's shape until it can be).
     """
 
     def __init__(self, settings: ProxySettings) -> None:
@@ -23,6 +79,19 @@ class ProxyApp:
         self.settings = settings
         self.sessions = SessionRegistry(settings.session_ttl_s, settings.max_sessions)
         self.events = EventBus(settings.nats)
+        self.engine = GrpcEngine(settings.services.inference, generate_timeout_s=settings.generate_timeout_s)
+        self.loader = ModelLoader(self.engine, settings)
+        self.handler = CallHandler(
+            self.sessions,
+            self.engine,
+            self.loader,
+            NatsRecorder(self.events, structs=settings.record.structs),
+            max_heads=settings.max_heads,
+            default_max_tokens=settings.default_max_tokens,
+        )
+        self.http = HttpServer(self.handler, settings.http.host, settings.http.port, settings.http.max_body_bytes)
+        self._sweeper: asyncio.Task[None] | None = None
+        self._warm: asyncio.Task[None] | None = None
 
     def register(self, server: grpc.aio.Server) -> None:
         proxy_pb2_grpc.add_ProxyServiceServicer_to_server(ProxyServicer(self.sessions), server)
@@ -30,6 +99,27 @@ class ProxyApp:
     async def start(self) -> None:
         await self.events.connect()
         await self.events.ensure_stream("proxy")
+        await self.http.start()
+        self._sweeper = asyncio.create_task(self._sweep(), name="session-sweeper")
+        self._warm = asyncio.create_task(self._warm_up(), name="model-warm-up")
+
+    async def _warm_up(self) -> None:
+        try:
+            await self.loader()
+        except Exception as exc:  # inference may start later; calls retry the load
+            log.warning(EV_MODEL_UNAVAILABLE, error=str(exc))
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            self.sessions.sweep()
 
     async def close(self) -> None:
+        for task in (self._sweeper, self._warm):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self.http.stop()
+        await self.engine.close()
         await self.events.close()

@@ -2,11 +2,61 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from openforge_core.settings import ServiceSettings
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HttpSettings(_Section):
+    """The harness-facing HTTP server (``OPENFORGE_HTTP__*``).
+
+    Attributes:
+        host: Interface to bind; ``0.0.0.0`` in a container.
+        port: TCP port; 0 picks a free one (logged as ``http.started``).
+        max_body_bytes: Largest request body after decompression, bytes
+            (Claude Code's bodies are about 50-160 KB; long sessions grow).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+
+
+class ModelSettings(_Section):
+    """How the proxy uses the served model (``OPENFORGE_MODEL__*``).
+
+    Attributes:
+        path: Where this process reads the model directory (for
+            ``tokenizer.json``); empty = the ``model_path`` inference reports
+            (one machine, or a shared volume).
+        family: Chat-template family (``auto`` detects it; ``hermes``).
+        template_kwargs: Extra chat-template variables, e.g.
+            ``{"enable_thinking": false}`` (JSON in the environment).
+        check_tokenizer_hash: Refuse a tokenizer that differs from inference's.
+    """
+
+    path: str = ""
+    family: str = "auto"
+    template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    check_tokenizer_hash: bool = True
+
+
+class RecordSettings(_Section):
+    """Call records (``OPENFORGE_RECORD__*``).
+
+    Attributes:
+        structs: Also fill the ``request``/``canonical_messages`` Struct fields
+            (the bytes fields always hold them; Structs cost about 1 ms per
+            100 KB of body).
+    """
+
+    structs: bool = False
 
 
 class ProxySettings(ServiceSettings):
@@ -16,9 +66,23 @@ class ProxySettings(ServiceSettings):
         session_ttl_s: Default lifetime of a session key, seconds
             (``OPENFORGE_SESSION_TTL_S``).
         max_sessions: Most open sessions kept at once.
+        http: The harness-facing HTTP server.
+        model: How the served model is used.
+        record: Call records.
+        max_heads: Conversation views kept per session for splicing (main
+            agent, sub-agents, retries).
+        default_max_tokens: Completion cap when neither the harness nor the
+            session gives one.
+        generate_timeout_s: Deadline of one generation stream, seconds.
     """
 
     service_name: ClassVar[str] = "proxy"
 
     session_ttl_s: float = Field(default=3600.0, gt=0)
     max_sessions: int = Field(default=100_000, gt=0)
+    http: HttpSettings = HttpSettings()
+    model: ModelSettings = ModelSettings()
+    record: RecordSettings = RecordSettings()
+    max_heads: int = Field(default=4, ge=1)
+    default_max_tokens: int = Field(default=4096, ge=1)
+    generate_timeout_s: float = Field(default=900.0, gt=0)

@@ -12,6 +12,7 @@ import enum
 import hashlib
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -101,6 +102,8 @@ class SessionRegistry:
         self._clock = clock
         self._by_rollout: dict[str, _Entry] = {}
         self._by_digest: dict[str, _Entry] = {}
+        #: Called with the rollout id when a session closes, expires or is dropped.
+        self.on_end: list[Callable[[str], None]] = []
 
     def create(
         self,
@@ -185,6 +188,7 @@ class SessionRegistry:
             raise NotFound(f"no session for rollout {rollout_id!r}", metadata={"rollout_id": rollout_id})
         if entry.session.state is SessionState.OPEN:
             entry.session = replace(entry.session, state=SessionState.CLOSED)
+            self._ended(rollout_id)
         entry.key = ""
         return entry.session
 
@@ -194,13 +198,45 @@ class SessionRegistry:
         Raises:
             Unauthenticated: Unknown, closed or expired key (the message never
                 contains the key).
+            ResourceExhausted: The session's deadline passed (reason
+                ``DEADLINE_PASSED``): a limit, not a bad key.
         """
-        entry = self._refresh(self._by_digest.get(_digest(key)))
+        entry = self._by_digest.get(_digest(key))
+        if entry is not None:
+            deadline = entry.session.limits.deadline
+            if deadline and self._clock() >= deadline and entry.session.state is not SessionState.CLOSED:
+                raise ResourceExhausted("the rollout's deadline has passed", reason="DEADLINE_PASSED")
+        entry = self._refresh(entry)
         if entry is None:
             raise Unauthenticated("unknown API key", reason="UNKNOWN_KEY")
         if entry.session.state is not SessionState.OPEN:
             raise Unauthenticated(f"session is {entry.session.state.value}", reason="SESSION_NOT_OPEN")
         return entry.session
+
+    def record_usage(self, rollout_id: str, *, new_call: bool, tokens: int) -> Session:
+        """Counts a served call: one more call when ``new_call``, ``tokens`` more tokens.
+
+        Raises:
+            NotFound: No session for that rollout.
+        """
+        entry = self._by_rollout.get(rollout_id)
+        if entry is None:
+            raise NotFound(f"no session for rollout {rollout_id!r}", metadata={"rollout_id": rollout_id})
+        entry.session = replace(
+            entry.session,
+            calls=entry.session.calls + (1 if new_call else 0),
+            total_tokens=entry.session.total_tokens + tokens,
+        )
+        return entry.session
+
+    def sweep(self) -> int:
+        """Marks sessions past their expiry as expired (notifying ``on_end``); returns how many."""
+        n = 0
+        for entry in list(self._by_rollout.values()):
+            was_open = entry.session.state is SessionState.OPEN
+            self._refresh(entry)
+            n += was_open and entry.session.state is not SessionState.OPEN
+        return n
 
     def __len__(self) -> int:
         return len(self._by_rollout)
@@ -210,11 +246,17 @@ class SessionRegistry:
             if self._clock() >= entry.session.expire_time:
                 entry.session = replace(entry.session, state=SessionState.EXPIRED)
                 entry.key = ""
+                self._ended(entry.session.rollout_id)
         return entry
+
+    def _ended(self, rollout_id: str) -> None:
+        for callback in self.on_end:
+            callback(rollout_id)
 
     def _drop(self, entry: _Entry) -> None:
         self._by_rollout.pop(entry.session.rollout_id, None)
         self._by_digest.pop(entry.key_digest, None)
+        self._ended(entry.session.rollout_id)
 
     def _evict(self) -> None:
         for entry in list(self._by_rollout.values()):

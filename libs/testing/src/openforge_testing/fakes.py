@@ -1,0 +1,505 @@
+"""Fakes (test doubles) for tests of services that talk to inference.
+
+**Everything here is a fake: it serves scripted answers, not a model.**
+
+* :func:`build_fake_model_dir` writes a model directory with a real
+  byte-level BPE ``tokenizer.json`` trained locally with ``tokenizers`` (no
+  hub, no torch), a ``tokenizer_config.json``, a ``config.json`` and a
+  Qwen/Hermes-style ``chat_template.jinja`` (tools, ``<tool_call>{...}</tool_call>``,
+  ``<think>...</think>``). Two template variants: ``hermes`` keeps reasoning in
+  every assistant turn (rendering a conversation always extends the previous
+  rendering); ``qwen3`` drops the reasoning of assistant turns before the last
+  user message, as Qwen3's template does, so re-rendering history from text
+  does *not* reproduce what the model saw (what token splicing is for).
+  There are no weights: nothing can load it as a model.
+* :class:`ScriptedInferenceServer` is a fake ``openforge.inference.v1.InferenceService``
+  on a real ``grpc.aio`` server: ``Generate`` tokenizes the next scripted
+  completion text with the same tokenizer and streams its ids token by token
+  with deterministic logprobs and the configured policy version;
+  ``GetModelInfo`` describes the fake model directory. It records every
+  request so tests can check what the engine saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from openforge.common.v1 import common_pb2
+from openforge.inference.v1 import inference_pb2, inference_pb2_grpc
+from openforge_core.rpc.server import GrpcServer
+from openforge_core.settings import GrpcServerSettings
+
+#: Special tokens of the fake tokenizer, ids 0..8.
+FAKE_SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "<tool_response>",
+    "</tool_response>",
+)
+
+_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+_CONTENT_MACRO = """\
+{%- macro render_content(content) -%}
+{%- if content is string -%}{{- content -}}
+{%- elif content is iterable and content is not mapping -%}
+{%- for part in content -%}{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}{%- endfor -%}
+{%- elif content is not none -%}{{- content | tojson -}}
+{%- endif -%}
+{%- endmacro -%}
+"""
+
+_SYSTEM_AND_TOOLS = """\
+{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0].role == 'system' %}
+{{- render_content(messages[0].content) + '\\n\\n' }}
+{%- endif %}
+{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
+{{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
+{%- for tool in tools %}
+{{- '\\n' + (tool | tojson) }}
+{%- endfor %}
+{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and ' }}
+{{- 'arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' }}
+{{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\\n' + render_content(messages[0].content) + '<|im_end|>\\n' }}
+{%- endif %}
+"""
+
+_ASSISTANT_BODY = """\
+{{- render_content(message.content) }}
+{%- if message.tool_calls is defined and message.tool_calls %}
+{%- for tool_call in message.tool_calls %}
+{%- set call = tool_call.function if tool_call.function is defined else tool_call %}
+{%- if (not loop.first) or (message.content is not none and message.content) %}
+{{- '\\n' }}
+{%- endif %}
+{{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' }}
+{%- if call.arguments is string %}
+{{- call.arguments }}
+{%- else %}
+{{- call.arguments | tojson }}
+{%- endif %}
+{{- '}\\n</tool_call>' }}
+{%- endfor %}
+{%- endif %}
+{{- '<|im_end|>\\n' }}
+"""
+
+_OTHER_ROLES = """\
+{%- elif message.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+{{- '<|im_start|>user' }}
+{%- endif %}
+{{- '\\n<tool_response>\\n' + render_content(message.content) + '\\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
+{{- '<|im_end|>\\n' }}
+{%- endif %}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}
+{{- '<think>\\n\\n</think>\\n\\n' }}
+{%- endif %}
+{%- endif %}
+"""
+
+#: Hermes-style template that keeps every assistant turn's reasoning.
+HERMES_TEMPLATE = (
+    _CONTENT_MACRO
+    + _SYSTEM_AND_TOOLS
+    + """\
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{%- if not loop.first %}
+{{- '<|im_start|>system\\n' + render_content(message.content) + '<|im_end|>\\n' }}
+{%- endif %}
+{%- elif message.role == 'user' %}
+{{- '<|im_start|>user\\n' + render_content(message.content) + '<|im_end|>\\n' }}
+{%- elif message.role == 'assistant' %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if message.reasoning_content is defined and message.reasoning_content is not none %}
+{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}
+{%- endif %}
+"""
+    + _ASSISTANT_BODY
+    + _OTHER_ROLES
+)
+
+#: Qwen3-style template: reasoning only on assistant turns after the last user message.
+QWEN3_TEMPLATE = (
+    _CONTENT_MACRO
+    + _SYSTEM_AND_TOOLS
+    + """\
+{%- set ns = namespace(last_user=-1) %}
+{%- for message in messages %}
+{%- if message.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{%- if not loop.first %}
+{{- '<|im_start|>system\\n' + render_content(message.content) + '<|im_end|>\\n' }}
+{%- endif %}
+{%- elif message.role == 'user' %}
+{{- '<|im_start|>user\\n' + render_content(message.content) + '<|im_end|>\\n' }}
+{%- elif message.role == 'assistant' %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if loop.index0 > ns.last_user and message.reasoning_content is defined and message.reasoning_content %}
+{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}
+{%- endif %}
+"""
+    + _ASSISTANT_BODY
+    + _OTHER_ROLES
+)
+
+TEMPLATES = {"hermes": HERMES_TEMPLATE, "qwen3": QWEN3_TEMPLATE}
+
+_WORDS = (
+    "the a of to in and is it file files test code function error result output input user assistant "
+    "tool call response request model token server client data read write run check fix update create "
+    "delete search open return import print command shell python config hello world done echo cat txt "
+    "contains create using name arguments description type string object properties required"
+).split()
+
+
+def _corpus(seed: int) -> list[str]:
+    rng = random.Random(seed)
+    docs = [
+        '{"name": "Bash", "arguments": {"command": "echo hello-from-harness > hello.txt && cat hello.txt"}}',
+        "I'll create the file.\n<tool_call>\n",
+        "Done: hello.txt now contains hello-from-harness.",
+        '{"type": "function", "function": {"name": "exec", "description": "Run a shell command", '
+        '"parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}',
+        "<think>\nThe user wants a file. I will run a shell command.\n</think>\n\n",
+    ] * 30
+    for _ in range(1500):
+        docs.append(" ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 20))) + rng.choice(".?!:\n"))
+    return docs
+
+
+def build_fake_tokenizer(vocab_size: int = 1024, seed: int = 0) -> Any:
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained locally (Qwen2-style pre-tokenization).
+
+    Args:
+        vocab_size: Target vocabulary size (special tokens included).
+        seed: Seed of the synthetic corpus.
+
+    Returns:
+        The ``tokenizers.Tokenizer``.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(FAKE_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    return tok
+
+
+def build_fake_model_dir(out_dir: Path, *, template: str = "hermes", context_length: int = 131072) -> Path:
+    """Writes a fake model directory (tokenizer and chat template, no weights).
+
+    Args:
+        out_dir: Directory to write (created).
+        template: ``hermes`` or ``qwen3`` (see the module docstring).
+        context_length: ``max_position_embeddings`` written to ``config.json``.
+
+    Returns:
+        ``out_dir``.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = build_fake_tokenizer()
+    tok.save(str(out_dir / "tokenizer.json"))
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    (out_dir / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen2",
+                "vocab_size": vocab,
+                "max_position_embeddings": context_length,
+                "eos_token_id": FAKE_SPECIAL_TOKENS.index("<|im_end|>"),
+            }
+        )
+    )
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None})
+    )
+    (out_dir / "chat_template.jinja").write_text(TEMPLATES[template])
+    return out_dir
+
+
+def tool_call_text(name: str, arguments: dict[str, Any], *, text: str = "", reasoning: str | None = None) -> str:
+    """A Hermes completion: optional ``<think>`` block, text, then one tool call."""
+    head = f"<think>\n{reasoning}\n</think>\n\n" if reasoning is not None else ""
+    call = json.dumps({"name": name, "arguments": arguments})
+    sep = "\n" if text else ""
+    return f"{head}{text}{sep}<tool_call>\n{call}\n</tool_call>"
+
+
+def final_text(text: str, *, reasoning: str | None = None) -> str:
+    """A Hermes completion of plain text (optionally after a ``<think>`` block)."""
+    head = f"<think>\n{reasoning}\n</think>\n\n" if reasoning is not None else ""
+    return head + text
+
+
+@dataclass
+class SeenRequest:
+    """A ``Generate`` request the fake received.
+
+    Attributes:
+        request_id: Its request id.
+        prompt_ids: The prompt ids.
+        sampling: Its sampling parameters.
+        sampled_ids: What the fake streamed back.
+        logprobs: The logprobs it streamed back.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: common_pb2.SamplingParams
+    sampled_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+Script = Callable[[list[int]], str]
+
+
+class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
+    """A **fake** inference service that streams the tokens of scripted completion texts.
+
+    Args:
+        model_dir: A directory from :func:`build_fake_model_dir`.
+        completions: Completion texts answered in order (each followed by
+            ``<|im_end|>``); a callable ``(prompt_ids) -> text`` answers every
+            call once the list is used up.
+        policy_version: Reported on every token.
+        tokens_per_message: Token ids per streamed message.
+        token_delay_s: Sleep between streamed messages, seconds.
+        model_name: Reported model name.
+    """
+
+    def __init__(
+        self,
+        model_dir: Path,
+        completions: Sequence[str] = (),
+        *,
+        default: Script | None = None,
+        policy_version: int = 3,
+        tokens_per_message: int = 1,
+        token_delay_s: float = 0.0,
+        model_name: str = "fake-model",
+    ) -> None:
+        from tokenizers import Tokenizer
+
+        self.model_dir = model_dir
+        self._tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self._queue: deque[str] = deque(completions)
+        self._default = default
+        self.policy_version = policy_version
+        self.tokens_per_message = tokens_per_message
+        self.token_delay_s = token_delay_s
+        self.model_name = model_name
+        self.seen: list[SeenRequest] = []
+        self.fail_next: list[grpc.StatusCode] = []
+        self.fail_after_tokens: int | None = None
+        eos = self._tok.token_to_id("<|im_end|>")
+        assert eos is not None, "the fake tokenizer has no <|im_end|>"
+        self.eos_id = int(eos)
+        self._server: GrpcServer | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.port = 0
+
+    # --- scripting -------------------------------------------------------------
+
+    def script(self, *completions: str) -> None:
+        """Appends completion texts to answer."""
+        self._queue.extend(completions)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text`` with the fake tokenizer."""
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    @staticmethod
+    def logprob(index: int) -> float:
+        """The deterministic logprob reported for the token at ``index`` of a completion."""
+        return -0.125 * (1 + index % 7)
+
+    # --- InferenceService ------------------------------------------------------
+
+    async def GetModelInfo(
+        self, request: inference_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> inference_pb2.GetModelInfoResponse:
+        """Describes the fake model directory."""
+        template = (self.model_dir / "chat_template.jinja").read_text()
+        config = json.loads((self.model_dir / "config.json").read_text())
+        tok_bytes = (self.model_dir / "tokenizer.json").read_bytes()
+        return inference_pb2.GetModelInfoResponse(
+            model_path=str(self.model_dir),
+            model_name=self.model_name,
+            vocab_size=int(config["vocab_size"]),
+            context_length=int(config["max_position_embeddings"]),
+            tokenizer_hash="sha256:" + hashlib.sha256(tok_bytes).hexdigest(),
+            chat_template_hash="sha256:" + hashlib.sha256(template.encode()).hexdigest(),
+            chat_template=template,
+            policy_version=self.policy_version,
+            engine="fake",
+            eos_token_ids=[self.eos_id],
+        )
+
+    async def Generate(
+        self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        """Streams the next scripted completion's token ids (then ``<|im_end|>``)."""
+        if self.fail_next:
+            code = self.fail_next.pop(0)
+            await context.abort(code, "fake inference failure")
+        prompt = list(request.prompt_token_ids)
+        seen = SeenRequest(request.request_id, prompt, request.sampling)
+        self.seen.append(seen)
+        if self._queue:
+            text = self._queue.popleft()
+        elif self._default is not None:
+            text = self._default(prompt)
+        else:
+            text = "OK."
+        ids = [*self.encode(text), self.eos_id]
+        max_tokens = request.sampling.max_tokens or len(ids)
+        finish = common_pb2.FINISH_REASON_STOP
+        if len(ids) > max_tokens:
+            ids = ids[:max_tokens]
+            finish = common_pb2.FINISH_REASON_LENGTH
+        step = max(1, self.tokens_per_message)
+        for start in range(0, len(ids), step):
+            if self.fail_after_tokens is not None and start >= self.fail_after_tokens:
+                self.fail_after_tokens = None
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "fake inference died mid-stream")
+            chunk = ids[start : start + step]
+            lps = [self.logprob(start + i) for i in range(len(chunk))]
+            seen.sampled_ids.extend(chunk)
+            seen.logprobs.extend(lps)
+            msg = inference_pb2.GenerateResponse(
+                token_ids=chunk, logprobs=lps, policy_versions=[self.policy_version] * len(chunk)
+            )
+            if start + step >= len(ids):
+                msg.finish_reason = finish
+                msg.usage.prompt_tokens = len(prompt)
+                msg.usage.completion_tokens = len(ids)
+            yield msg
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s)
+
+    async def Abort(
+        self, request: inference_pb2.AbortRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> inference_pb2.AbortResponse:
+        """Nothing to abort in a fake; answers found = false."""
+        return inference_pb2.AbortResponse(found=False)
+
+    async def Pause(
+        self, request: inference_pb2.PauseRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> inference_pb2.PauseResponse:
+        """A fake pauses nothing."""
+        return inference_pb2.PauseResponse(in_flight=0)
+
+    async def Resume(
+        self, request: inference_pb2.ResumeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> inference_pb2.ResumeResponse:
+        """A fake resumes nothing."""
+        return inference_pb2.ResumeResponse()
+
+    async def UpdateWeights(
+        self, request: inference_pb2.UpdateWeightsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> inference_pb2.UpdateWeightsResponse:
+        """Only the reported policy version changes (there are no weights)."""
+        self.policy_version = request.version
+        return inference_pb2.UpdateWeightsResponse(version=request.version)
+
+    # --- serving ---------------------------------------------------------------
+
+    async def start(self, port: int = 0) -> int:
+        """Serves on 127.0.0.1 in the running event loop; returns the port."""
+        name = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
+        self._server = GrpcServer(
+            GrpcServerSettings(host="127.0.0.1", port=port, graceful_shutdown_s=0.5),
+            [name],
+            [lambda s: inference_pb2_grpc.add_InferenceServiceServicer_to_server(self, s)],
+        )
+        self.port = await self._server.start()
+        await self._server.set_serving(True)
+        return self.port
+
+    async def stop(self) -> None:
+        """Stops serving."""
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
+
+    @property
+    def address(self) -> str:
+        """``127.0.0.1:<port>``."""
+        return f"127.0.0.1:{self.port}"
+
+    def start_in_thread(self, port: int = 0) -> int:
+        """Serves from a background thread with its own event loop (for synchronous tests)."""
+        started: Future[int] = Future()
+        self._loop = asyncio.new_event_loop()
+
+        def run() -> None:
+            assert self._loop is not None
+            asyncio.set_event_loop(self._loop)
+            try:
+                started.set_result(self._loop.run_until_complete(self.start(port)))
+            except BaseException as exc:  # report start failures to the caller
+                started.set_exception(exc)
+                return
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="fake-inference", daemon=True)
+        self._thread.start()
+        return started.result(timeout=30)
+
+    def stop_thread(self) -> None:
+        """Stops a server started with :meth:`start_in_thread`."""
+        if self._loop is None or self._thread is None:
+            return
+        asyncio.run_coroutine_threadsafe(self.stop(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+        self._loop = None
+        self._thread = None

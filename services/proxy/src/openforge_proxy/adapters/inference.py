@@ -1,0 +1,118 @@
+"""The inference service over gRPC, as the proxy's :class:`~openforge_proxy.domain.engine.Engine`.
+
+``Generate`` is a server stream consumed as it arrives; the stream's deadline
+is the proxy's per-call generation timeout. ``GetModelInfo`` and ``Abort`` are
+retried on UNAVAILABLE by the channel's retry policy (both are idempotent);
+``Generate`` never is (a retried request samples again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from openforge.common.v1 import common_pb2
+from openforge.inference.v1 import inference_pb2, inference_pb2_grpc
+from openforge_core.rpc.client import open_channel
+from openforge_proxy.domain.engine import Delta, EngineRejected, EngineUnavailable, ModelInfo, Sampling
+from openforge_proxy.domain.output import Finish
+
+SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
+
+_FINISH = {
+    common_pb2.FINISH_REASON_STOP: Finish.STOP,
+    common_pb2.FINISH_REASON_LENGTH: Finish.LENGTH,
+    common_pb2.FINISH_REASON_ABORT: Finish.ABORT,
+    common_pb2.FINISH_REASON_ERROR: Finish.ERROR,
+}
+_REJECTED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
+
+
+def _error(exc: grpc.aio.AioRpcError) -> Exception:
+    detail = f"{exc.code().name}: {exc.details() or ''}"
+    if exc.code() in _REJECTED:
+        return EngineRejected(detail)
+    return EngineUnavailable(detail)
+
+
+def sampling_proto(s: Sampling) -> common_pb2.SamplingParams:
+    """``SamplingParams`` for the engine (unset optionals mean the engine's default)."""
+    msg = common_pb2.SamplingParams(max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids))
+    if s.temperature is not None:
+        msg.temperature = s.temperature
+    if s.top_p is not None:
+        msg.top_p = s.top_p
+    if s.top_k is not None:
+        msg.top_k = s.top_k
+    if s.seed is not None:
+        msg.seed = s.seed
+    return msg
+
+
+class GrpcEngine:
+    """Inference over one channel.
+
+    Args:
+        target: ``host:port`` of the inference service.
+        info_timeout_s: Deadline of ``GetModelInfo`` and ``Abort``, seconds.
+        generate_timeout_s: Deadline of one whole ``Generate`` stream, seconds.
+    """
+
+    def __init__(self, target: str, *, info_timeout_s: float = 10.0, generate_timeout_s: float = 900.0) -> None:
+        self._channel = open_channel(
+            target,
+            service=SERVICE,
+            idempotent_methods=["GetModelInfo", "Abort"],
+            default_timeout_s=info_timeout_s,
+            stream_timeout_s=generate_timeout_s,
+        )
+        self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
+
+    async def close(self) -> None:
+        """Closes the channel."""
+        await self._channel.close()
+
+    async def model_info(self) -> ModelInfo:
+        """``GetModelInfo``. Raises :class:`EngineUnavailable` on any RPC error."""
+        try:
+            r = await self._stub.GetModelInfo(inference_pb2.GetModelInfoRequest())
+        except grpc.aio.AioRpcError as exc:
+            raise EngineUnavailable(f"{exc.code().name}: {exc.details() or ''}") from exc
+        return ModelInfo(
+            model_path=r.model_path,
+            model_name=r.model_name,
+            chat_template=r.chat_template,
+            chat_template_hash=r.chat_template_hash,
+            tokenizer_hash=r.tokenizer_hash,
+            eos_token_ids=tuple(r.eos_token_ids),
+            context_length=r.context_length,
+            policy_version=r.policy_version,
+        )
+
+    async def generate(self, request_id: str, prompt_ids: list[int], sampling: Sampling) -> AsyncIterator[Delta]:
+        """``Generate``, one :class:`Delta` per streamed message."""
+        call = self._stub.Generate(
+            inference_pb2.GenerateRequest(
+                request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling_proto(sampling)
+            )
+        )
+        try:
+            async for msg in call:
+                yield Delta(
+                    token_ids=list(msg.token_ids),
+                    logprobs=list(msg.logprobs),
+                    policy_versions=list(msg.policy_versions),
+                    finish=_FINISH.get(msg.finish_reason),
+                )
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from exc
+        finally:
+            call.cancel()
+
+    async def abort(self, request_id: str) -> None:
+        """``Abort`` (errors ignored: the generation may be over already)."""
+        try:
+            await self._stub.Abort(inference_pb2.AbortRequest(request_id=request_id))
+        except grpc.aio.AioRpcError:
+            return

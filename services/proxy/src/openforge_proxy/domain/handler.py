@@ -1,0 +1,670 @@
+"""One model call, end to end: authenticate, convert, splice, generate, answer, record.
+
+:class:`CallHandler` is the proxy's core, free of HTTP, gRPC and NATS: the
+HTTP layer hands it a body and a :class:`Responder`, the engine and the
+recorder are injected. Order of one call:
+
+1. key → session (401 when missing/unknown/closed/expired; the deadline is a limit);
+2. JSON → canonical request (400; unknown fields never refused) and model name check (404);
+3. the served model's runtime (503 while inference is unreachable);
+4. call identity: the same conversation again is another *attempt* of the
+   same call (harness retries, Claude Code's non-streaming fallback); limits
+   (turns, total tokens; 400, the status that stops each harness at once);
+5. prompt ids by token-exact splice (:mod:`.splice`) and the enforced sampling;
+6. ``Generate``; nothing is sent before the engine's first tokens arrive, so
+   an unreachable engine is still a proper 503 in the caller's error shape;
+7. deltas stream out as tokens arrive; tool calls leave only once generation
+   ended successfully (Codex runs a tool at its item's ``output_item.done``);
+8. the record is stored *before* the final event (``message_stop``,
+   ``response.completed``, ``[DONE]``) or the non-streaming body is sent: an
+   answer the harness accepted is never lost. If storing fails, the harness
+   gets an error and retries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+import structlog
+
+from openforge_core.errors import InvalidArgument, OpenForgeError, ResourceExhausted, Unauthenticated
+from openforge_proxy.domain.conversation import CanonicalRequest, ToolKind, WireApi
+from openforge_proxy.domain.engine import Delta, Engine, EngineRejected, EngineUnavailable, Sampling
+from openforge_proxy.domain.families import Event
+from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, ToolCallOut, Usage
+from openforge_proxy.domain.protocols import anthropic, chat, dumps, responses
+from openforge_proxy.domain.record import CallRecordData, Recorder
+from openforge_proxy.domain.runtime import ModelRuntime
+from openforge_proxy.domain.scrub import scrub_headers, scrub_json_bytes
+from openforge_proxy.domain.sessions import Session, SessionRegistry
+from openforge_proxy.domain.splice import PromptPlan, Splicer
+
+log = structlog.get_logger(__name__)
+
+EV_CALL_DONE = "call.done"
+EV_CALL_FAILED = "call.failed"
+EV_CLIENT_GONE = "call.client_gone"
+EV_RECORD_FAILED = "call.record_failed"
+
+#: Completion-token cap when neither the harness nor the session gives one.
+DEFAULT_MAX_TOKENS = 4096
+
+
+class ClientGone(Exception):
+    """The harness closed the connection while the response was being written."""
+
+
+class Responder(Protocol):
+    """How the core answers over HTTP."""
+
+    async def send_json(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
+        """A complete JSON response."""
+        ...
+
+    async def begin_stream(self, headers: Mapping[str, str]) -> None:
+        """200 with ``text/event-stream``, chunked."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Stream bytes out. Raises :class:`ClientGone`."""
+        ...
+
+
+@dataclass
+class _CallState:
+    call_id: str
+    attempts: int
+
+
+class SessionCalls:
+    """Per-session state: the splicer and the calls seen (for attempt numbering)."""
+
+    def __init__(self, splicer: Splicer) -> None:
+        self.splicer = splicer
+        self.calls: dict[str, _CallState] = {}
+        self.counter = 0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Request limits of the HTTP API.
+
+    Attributes:
+        default_max_tokens: Completion cap when nothing else sets one.
+    """
+
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+
+
+RuntimeGetter = Callable[[], Awaitable[ModelRuntime]]
+
+
+def new_request_id() -> str:
+    return "req" + secrets.token_hex(12)
+
+
+def _key(headers: Mapping[str, str]) -> str:
+    key = headers.get("x-api-key", "")
+    if key:
+        return key
+    auth = headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return ""
+
+
+_PARSERS: dict[WireApi, Callable[..., CanonicalRequest]] = {
+    WireApi.ANTHROPIC_MESSAGES: anthropic.parse,
+    WireApi.OPENAI_RESPONSES: responses.parse,
+    WireApi.OPENAI_CHAT: chat.parse,
+}
+
+
+def error_response(wire: WireApi, err: ApiError, request_id: str) -> tuple[int, bytes, dict[str, str]]:
+    """Status, body and headers of an error in the protocol's own shape."""
+    headers: dict[str, str] = {}
+    if wire is WireApi.ANTHROPIC_MESSAGES:
+        body = anthropic.error_body(err, request_id)
+        headers["request-id"] = request_id
+    else:
+        body = responses.error_body(err, request_id)
+        headers["x-request-id"] = request_id
+    if err.retry_after_s is not None:
+        headers["retry-after"] = str(err.retry_after_s)
+    return err.status, dumps(body), headers
+
+
+def _api_error(exc: OpenForgeError) -> ApiError:
+    if isinstance(exc, Unauthenticated):
+        return ApiError(ErrorKind.AUTHENTICATION, exc.message)
+    if isinstance(exc, ResourceExhausted):
+        return ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {exc.message}")
+    if isinstance(exc, InvalidArgument):
+        return ApiError(ErrorKind.INVALID_REQUEST, exc.message)
+    return ApiError(ErrorKind.INTERNAL, exc.message)
+
+
+class CallHandler:
+    """Serves model calls for every session.
+
+    Args:
+        sessions: The session registry.
+        engine: Token-in/token-out generation.
+        runtime: Returns the served model's runtime (loads it once; raises
+            :class:`EngineUnavailable` while inference is unreachable).
+        recorder: Stores call records.
+        max_heads: Conversation views kept per session.
+        default_max_tokens: Completion cap when nothing else gives one.
+    """
+
+    def __init__(
+        self,
+        sessions: SessionRegistry,
+        engine: Engine,
+        runtime: RuntimeGetter,
+        recorder: Recorder,
+        *,
+        max_heads: int = 4,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    ) -> None:
+        self._sessions = sessions
+        self._engine = engine
+        self._runtime = runtime
+        self._recorder = recorder
+        self._max_heads = max_heads
+        self._default_max = default_max_tokens
+        self._states: dict[str, SessionCalls] = {}
+        sessions.on_end.append(self.forget)
+
+    def forget(self, rollout_id: str) -> None:
+        """Drops a session's state (its key no longer works)."""
+        self._states.pop(rollout_id, None)
+
+    @property
+    def open_states(self) -> int:
+        """Sessions holding splice state."""
+        return len(self._states)
+
+    def state(self, rollout_id: str) -> SessionCalls | None:
+        """A session's state, if it made calls (for tests and diagnostics)."""
+        return self._states.get(rollout_id)
+
+    def models(self, headers: Mapping[str, str]) -> tuple[int, bytes]:
+        """``GET /v1/models``: the session's model name, in a shape both Anthropic and OpenAI SDKs read.
+
+        Returns:
+            Status and JSON body (401 in the Anthropic or OpenAI shape without a valid key).
+        """
+        wire = WireApi.ANTHROPIC_MESSAGES if "anthropic-version" in headers else WireApi.OPENAI_CHAT
+        try:
+            session = self._authenticate(headers)
+        except ApiError as err:
+            status, body, _ = error_response(wire, err, new_request_id())
+            return status, body
+        name = session.model_name or "policy"
+        model = {
+            "id": name,
+            "object": "model",
+            "type": "model",
+            "display_name": name,
+            "created": int(session.create_time),
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(session.create_time)),
+            "owned_by": "openforge",
+        }
+        return 200, dumps({"object": "list", "data": [model], "has_more": False, "first_id": name, "last_id": name})
+
+    async def count_tokens(self, body: bytes, headers: Mapping[str, str]) -> tuple[int, bytes]:
+        """``POST /v1/messages/count_tokens``: the prompt tokens of the request, spliced as a call would be.
+
+        Returns:
+            Status and JSON body (``{"input_tokens": N}`` or an Anthropic error).
+        """
+        wire = WireApi.ANTHROPIC_MESSAGES
+        try:
+            session = self._authenticate(headers)
+            request = self._parse_json(body)
+            runtime = await self._load_runtime()
+            try:
+                canonical = anthropic.parse({"max_tokens": 1, **request})
+            except InvalidArgument as exc:
+                raise ApiError(ErrorKind.INVALID_REQUEST, exc.message) from exc
+            state = self._state(session.rollout_id, runtime)
+            plan = state.splicer.build(canonical.messages, canonical.tools)
+        except ApiError as err:
+            status, payload, _ = error_response(wire, err, new_request_id())
+            return status, payload
+        return 200, dumps({"input_tokens": len(plan.prompt_ids)})
+
+    def _authenticate(self, headers: Mapping[str, str]) -> Session:
+        key = _key(headers)
+        if not key:
+            raise ApiError(ErrorKind.AUTHENTICATION, "missing API key (x-api-key or Authorization: Bearer)")
+        try:
+            return self._sessions.authenticate(key)
+        except OpenForgeError as exc:
+            raise _api_error(exc) from exc
+
+    @staticmethod
+    def _parse_json(body: bytes) -> dict[str, Any]:
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(ErrorKind.INVALID_REQUEST, f"the body is not valid JSON: {exc}") from exc
+        if not isinstance(parsed, dict):
+            raise ApiError(ErrorKind.INVALID_REQUEST, "the body must be a JSON object")
+        return parsed
+
+    async def _load_runtime(self) -> ModelRuntime:
+        try:
+            return await self._runtime()
+        except EngineUnavailable as exc:
+            raise ApiError(ErrorKind.UNAVAILABLE, f"inference is unavailable: {exc}") from exc
+        except OpenForgeError as exc:
+            raise ApiError(ErrorKind.UNAVAILABLE, f"the served model cannot be used: {exc.message}") from exc
+
+    def _state(self, rollout_id: str, runtime: ModelRuntime) -> SessionCalls:
+        state = self._states.get(rollout_id)
+        if state is None:
+            state = SessionCalls(
+                Splicer(
+                    runtime.template,
+                    runtime.family,
+                    runtime.codec,
+                    runtime.generation_prompt,
+                    sorted(runtime.eos_ids),
+                    max_heads=self._max_heads,
+                    template_kwargs=runtime.template_kwargs,
+                )
+            )
+            self._states[rollout_id] = state
+        return state
+
+    async def handle(
+        self, wire: WireApi, body: bytes, headers: Mapping[str, str], responder: Responder, *, received: float
+    ) -> None:
+        """Serves one call.
+
+        Args:
+            wire: The API called.
+            body: The decompressed request body.
+            headers: Request headers (lower-case names).
+            responder: Where the answer goes.
+            received: ``time.monotonic()`` when the request arrived.
+        """
+        request_id = new_request_id()
+        receive_time = time.time()
+        try:
+            prepared = await self._prepare(wire, body, headers)
+        except ApiError as err:
+            status, payload, extra = error_response(wire, err, request_id)
+            log.info(EV_CALL_FAILED, wire=wire.value, status=status, kind=err.kind.value, message=err.message)
+            await responder.send_json(status, payload, extra)
+            return
+        await self._serve(prepared, body, headers, responder, request_id, received, receive_time)
+
+    async def _prepare(self, wire: WireApi, body: bytes, headers: Mapping[str, str]) -> _Prepared:
+        session = self._authenticate(headers)
+        parsed = self._parse_json(body)
+        runtime = await self._load_runtime()
+        state = self._state(session.rollout_id, runtime)
+        try:
+            if wire is WireApi.OPENAI_RESPONSES:
+                request = responses.parse(parsed, state.splicer.turn_of_ref)
+            else:
+                request = _PARSERS[wire](parsed)
+        except InvalidArgument as exc:
+            raise ApiError(ErrorKind.INVALID_REQUEST, exc.message) from exc
+        if session.model_name and request.model != session.model_name:
+            raise ApiError(
+                ErrorKind.NOT_FOUND,
+                f"model {request.model!r} is not served in this session (use {session.model_name!r})",
+            )
+        tools_key, _ = state.splicer.tools_key(request.tools)
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(tools_key.encode())
+        digest.update(orjson.dumps([m.template_dict() for m in request.messages]))
+        call_key = digest.hexdigest()
+        known = state.calls.get(call_key)
+        limits = session.limits
+        if known is None:
+            if limits.max_turns and session.calls >= limits.max_turns:
+                raise ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {limits.max_turns} turns")
+        if limits.max_total_tokens and session.total_tokens >= limits.max_total_tokens:
+            raise ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {limits.max_total_tokens} tokens")
+        try:
+            plan = state.splicer.build(request.messages, request.tools, retry_of=known.call_id if known else "")
+        except Exception as exc:  # the template refused the conversation
+            raise ApiError(ErrorKind.INVALID_REQUEST, f"the conversation cannot be rendered: {exc}") from exc
+        sampling = self._sampling(session, request, runtime, len(plan.prompt_ids))
+        if known is None:
+            state.counter += 1
+            known = _CallState(f"call{state.counter:04d}-{secrets.token_hex(3)}", 0)
+            state.calls[call_key] = known
+            new_call = True
+        else:
+            new_call = False
+        known.attempts += 1
+        return _Prepared(session, state, request, runtime, plan, sampling, known.call_id, known.attempts, new_call)
+
+    def _sampling(
+        self, session: Session, request: CanonicalRequest, runtime: ModelRuntime, prompt_len: int
+    ) -> Sampling:
+        enforced = session.sampling
+        caps = [request.max_tokens or self._default_max]
+        if int(enforced.get("max_tokens") or 0) > 0:
+            caps.append(int(enforced["max_tokens"]))
+        limits = session.limits
+        if limits.max_tokens_per_call:
+            caps.append(limits.max_tokens_per_call)
+        if limits.max_total_tokens:
+            caps.append(limits.max_total_tokens - session.total_tokens - prompt_len)
+        context = runtime.info.context_length
+        if context:
+            if prompt_len >= context:
+                raise ApiError(
+                    ErrorKind.INVALID_REQUEST,
+                    f"prompt is too long: {prompt_len} tokens > {context - 1} maximum",
+                )
+            caps.append(context - prompt_len)
+        max_tokens = min(caps)
+        if max_tokens < 1:
+            raise ApiError(ErrorKind.LIMIT_REACHED, "rollout limit reached: no tokens left in the budget")
+        stop = tuple(int(i) for i in enforced.get("stop_token_ids") or ())
+        return Sampling(
+            max_tokens=max_tokens,
+            temperature=_opt_float(enforced.get("temperature")),
+            top_p=_opt_float(enforced.get("top_p")),
+            top_k=int(enforced["top_k"]) if enforced.get("top_k") else None,
+            seed=int(enforced["seed"]) if enforced.get("seed") is not None else None,
+            stop_token_ids=stop,
+        )
+
+    async def _serve(
+        self,
+        p: _Prepared,
+        body: bytes,
+        headers: Mapping[str, str],
+        responder: Responder,
+        request_id: str,
+        received: float,
+        receive_time: float,
+    ) -> None:
+        wire = p.request.wire
+        gen_id = f"{p.session.rollout_id}/{p.call_id}/{p.attempt}"
+        stream = self._engine.generate(gen_id, p.plan.prompt_ids, p.sampling)
+        try:
+            first = await _first(stream)
+        except (EngineUnavailable, EngineRejected) as exc:
+            kind = ErrorKind.UNAVAILABLE if isinstance(exc, EngineUnavailable) else ErrorKind.INVALID_REQUEST
+            status, payload, extra = error_response(wire, ApiError(kind, f"inference: {exc}"), request_id)
+            log.info(EV_CALL_FAILED, wire=wire.value, status=status, call_id=p.call_id, reason=str(exc))
+            await responder.send_json(status, payload, extra)
+            return
+        gen = _Generation(p)
+        out = gen.out
+        encoder = _encoder(p, out)
+        usage0 = Usage(len(p.plan.prompt_ids), 0, p.plan.cached_tokens)
+        sent: list[bytes] = []
+        ttfb = 0.0
+        id_header = "request-id" if wire is WireApi.ANTHROPIC_MESSAGES else "x-request-id"
+        try:
+            if p.request.stream:
+                await responder.begin_stream({id_header: request_id})
+                ttfb = time.monotonic() - received
+                data = encoder.start(usage0) + gen.feed(first, encoder)
+                sent.append(data)
+                await responder.write(data)
+                async for delta in stream:
+                    data = gen.feed(delta, encoder)
+                    if data:
+                        sent.append(data)
+                        await responder.write(data)
+            else:
+                gen.feed(first, None)
+                async for delta in stream:
+                    gen.feed(delta, None)
+            tail = gen.close(encoder if p.request.stream else None)
+        except ClientGone:
+            log.info(EV_CLIENT_GONE, call_id=p.call_id, attempt=p.attempt)
+            await self._engine.abort(gen_id)
+            return
+        except (EngineUnavailable, EngineRejected) as exc:
+            log.info(EV_CALL_FAILED, call_id=p.call_id, attempt=p.attempt, reason=str(exc), mid_stream=True)
+            if p.request.stream:
+                try:
+                    await responder.write(encoder.error(f"inference failed: {exc}"))
+                except ClientGone:
+                    pass
+            else:
+                status, payload, extra = error_response(
+                    wire, ApiError(ErrorKind.UNAVAILABLE, f"inference: {exc}"), request_id
+                )
+                await responder.send_json(status, payload, extra)
+            return
+        usage = gen.usage(p.plan.cached_tokens)
+        self._finish_ids(p, out)
+        if p.request.stream:
+            final = tail + encoder.finish(usage)
+        else:
+            ttfb = time.monotonic() - received
+            final = dumps(_response_body(p, out, usage))
+        sent.append(final)
+        turn = p.state.splicer.commit(p.plan, call_id=p.call_id, attempt=p.attempt, output=out, sampled=gen.ids)
+        self._sessions.record_usage(
+            p.session.rollout_id, new_call=p.new_call, tokens=usage0.prompt_tokens + len(gen.ids)
+        )
+        record = CallRecordData(
+            rollout_id=p.session.rollout_id,
+            run_id=p.session.run_id,
+            call_id=p.call_id,
+            attempt=p.attempt,
+            wire_api=wire,
+            model=p.request.model,
+            request_json=scrub_json_bytes(body),
+            request_headers=scrub_headers(headers),
+            canonical=_scrubbed_canonical(p.request),
+            prompt_ids=p.plan.prompt_ids,
+            completion_ids=gen.ids,
+            logprobs=gen.logprobs,
+            policy_versions=gen.versions,
+            sampling=p.sampling.as_dict(),
+            finish=out.finish,
+            receive_time=receive_time,
+            ttfb_s=ttfb,
+            total_s=time.monotonic() - received,
+            splice=p.plan.report,
+            response_body=b"".join(sent),
+            stream=p.request.stream,
+            extra={"turn_id": turn.turn_id},
+        )
+        try:
+            await self._recorder.record(record)
+        except Exception as exc:
+            log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=type(exc).__name__)
+            err = ApiError(ErrorKind.UNAVAILABLE, "the call could not be recorded; retry")
+            if p.request.stream:
+                try:
+                    await responder.write(encoder.error(err.message))
+                except ClientGone:
+                    pass
+            else:
+                status, payload, extra = error_response(wire, err, request_id)
+                await responder.send_json(status, payload, extra)
+            return
+        try:
+            if p.request.stream:
+                await responder.write(final)
+            else:
+                await responder.send_json(200, final, {id_header: request_id})
+        except ClientGone:
+            log.info(EV_CLIENT_GONE, call_id=p.call_id, attempt=p.attempt, after_record=True)
+            return
+        log.info(
+            EV_CALL_DONE,
+            rollout_id=p.session.rollout_id,
+            call_id=p.call_id,
+            attempt=p.attempt,
+            wire=wire.value,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+            finish=out.finish.value,
+            break_cause=p.plan.report.break_cause.value,
+        )
+
+    def _finish_ids(self, p: _Prepared, out: AssistantOutput) -> None:
+        if p.request.wire is WireApi.ANTHROPIC_MESSAGES:
+            anthropic.prepare_ids(out)
+        elif p.request.wire is WireApi.OPENAI_RESPONSES:
+            responses.prepare_ids(out, p.request)
+        else:
+            chat.prepare_ids(out)
+
+
+@dataclass
+class _Prepared:
+    session: Session
+    state: SessionCalls
+    request: CanonicalRequest
+    runtime: ModelRuntime
+    plan: PromptPlan
+    sampling: Sampling
+    call_id: str
+    attempt: int
+    new_call: bool
+
+
+class _Encoder(Protocol):
+    def start(self, usage: Usage) -> bytes: ...
+    def reasoning(self, delta: str) -> bytes: ...
+    def text(self, delta: str) -> bytes: ...
+    def finish(self, usage: Usage) -> bytes: ...
+    def error(self, message: str) -> bytes: ...
+
+
+def _encoder(p: _Prepared, out: AssistantOutput) -> _Encoder:
+    req = p.request
+    if req.wire is WireApi.ANTHROPIC_MESSAGES:
+        return anthropic.StreamEncoder(out, req.model, req.want_reasoning)
+    if req.wire is WireApi.OPENAI_RESPONSES:
+        return responses.StreamEncoder(req, out, p.sampling.as_dict())
+    return chat.StreamEncoder(out, req.model, req.include_usage)
+
+
+def _response_body(p: _Prepared, out: AssistantOutput, usage: Usage) -> dict[str, Any]:
+    req = p.request
+    if req.wire is WireApi.ANTHROPIC_MESSAGES:
+        return anthropic.response_body(out, usage, req.model, req.want_reasoning)
+    if req.wire is WireApi.OPENAI_RESPONSES:
+        return responses.response_body(req, out, usage, p.sampling.as_dict())
+    return chat.response_body(out, usage, req.model)
+
+
+class _Generation:
+    """Accumulates one generation: ids, logprobs, versions, parsed output."""
+
+    def __init__(self, p: _Prepared) -> None:
+        rt = p.runtime
+        self._p = p
+        self._eos = rt.eos_ids | set(p.sampling.stop_token_ids)
+        self._decoder = rt.codec.decoder()
+        self._parser = rt.family.parser(rt.generation_prompt)
+        self.out = AssistantOutput()
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.reasoning_tokens = 0
+        self._finish: Finish | None = None
+        self._stopped = False
+
+    def feed(self, delta: Delta, encoder: _Encoder | None) -> bytes:
+        self.ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
+        self.versions.extend(delta.policy_versions)
+        data = b""
+        for tid in delta.token_ids:
+            if self._stopped:
+                continue
+            if tid in self._eos:
+                self._stopped = True
+                continue
+            text = self._decoder.step(tid)
+            if self._parser.in_reasoning:
+                self.reasoning_tokens += 1
+            if text:
+                data += self._events(self._parser.feed(text), encoder)
+        if delta.finish is not None:
+            self._finish = delta.finish
+        return data
+
+    def _events(self, events: list[Event], encoder: _Encoder | None) -> bytes:
+        data = b""
+        out = self.out
+        for ev in events:
+            if ev.kind == "reasoning":
+                out.reasoning += ev.text
+                if encoder is not None:
+                    data += encoder.reasoning(ev.text)
+            elif ev.kind == "text":
+                out.text += ev.text
+                if encoder is not None:
+                    data += encoder.text(ev.text)
+            elif ev.call is not None:
+                out.tool_calls.append(self._call(ev))
+        return data
+
+    def _call(self, ev: Event) -> ToolCallOut:
+        call = ev.call
+        assert call is not None
+        tool = self._p.request.tool(call.name)
+        if tool is not None and tool.kind is ToolKind.CUSTOM:
+            args = call.arguments
+            raw = args.get("input") if isinstance(args, dict) and isinstance(args.get("input"), str) else None
+            text = raw if raw is not None else call.arguments_json
+            return ToolCallOut(
+                id="",
+                name=call.name,
+                arguments=text,
+                arguments_json=text,
+                kind=ToolKind.CUSTOM,
+                namespace=tool.namespace,
+            )
+        return ToolCallOut(
+            id="",
+            name=call.name,
+            arguments=call.arguments,
+            arguments_json=call.arguments_json,
+            namespace=tool.namespace if tool is not None else None,
+        )
+
+    def close(self, encoder: _Encoder | None) -> bytes:
+        """Ends parsing (the stream finished); returns the last deltas' bytes."""
+        data = self._events(self._parser.finish(), encoder)
+        self.out.finish = self._finish or Finish.STOP
+        return data
+
+    def usage(self, cached: int) -> Usage:
+        return Usage(len(self._p.plan.prompt_ids), len(self.ids), cached, self.reasoning_tokens)
+
+
+async def _first(stream: AsyncIterator[Delta]) -> Delta:
+    try:
+        return await stream.__anext__()
+    except StopAsyncIteration:
+        return Delta(finish=Finish.STOP)
+
+
+def _opt_float(value: Any) -> float | None:
+    return float(value) if value is not None else None
+
+
+def _scrubbed_canonical(request: CanonicalRequest) -> dict[str, Any]:
+    raw = scrub_json_bytes(orjson.dumps(request.to_json()))
+    value: dict[str, Any] = orjson.loads(raw)
+    return value

@@ -1,0 +1,48 @@
+"""Wire protocols: each maps its requests into the canonical conversation and
+the model's output back into its own response and SSE shapes.
+
+* :mod:`.anthropic` — Anthropic Messages (``POST /v1/messages``).
+* :mod:`.responses` — OpenAI Responses (``POST /v1/responses``).
+* :mod:`.chat` — OpenAI Chat Completions (``POST /v1/chat/completions``).
+
+Each module exposes ``parse(body) -> CanonicalRequest``, ``error_body(err,
+request_id) -> dict``, a ``StreamEncoder`` (SSE bytes for the preamble, each
+reasoning/text delta, the end, and a mid-stream error) and
+``response_body(...) -> dict`` for non-streaming answers. Event names, field
+order and usage placement follow what Claude Code 2.1.332, Codex 0.171.0 and
+OpenClaw 2026.9.6 accepted (``reference/harness-protocols.md`` §2-§6 and the
+harness captures).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+#: Largest tool-argument piece per SSE delta, characters (clients reassemble any split).
+ARGUMENT_PIECE = 64
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON bytes (UTF-8, no spaces)."""
+    return orjson.dumps(obj)
+
+
+def sse(event: str | None, data: Any) -> bytes:
+    """One server-sent event: ``event: NAME`` (if given) and one ``data:`` line of JSON.
+
+    JSON never contains a raw newline, so one ``data:`` line always suffices
+    and no malformed SSE line can be produced (reference §5.7).
+    """
+    payload = dumps(data)
+    if event is None:
+        return b"data: " + payload + b"\n\n"
+    return b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"
+
+
+def pieces(text: str, size: int = ARGUMENT_PIECE) -> list[str]:
+    """``text`` cut into pieces of at most ``size`` characters (at least one piece)."""
+    if not text:
+        return [""]
+    return [text[i : i + size] for i in range(0, len(text), size)]

@@ -1,0 +1,86 @@
+"""The per-call record (ARCHITECTURE.md, data path step 6), before it becomes a proto.
+
+The publisher adapter maps :class:`CallRecordData` onto
+``openforge.common.v1.CallRecord`` inside a ``CallRecorded`` event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from openforge_proxy.domain.conversation import WireApi
+from openforge_proxy.domain.output import Finish
+from openforge_proxy.domain.splice import SpliceReport
+
+
+@dataclass
+class CallRecordData:
+    """Everything recorded about one answered attempt of one call.
+
+    Attributes:
+        rollout_id: The rollout.
+        run_id: Its run.
+        call_id: The call (stable across the harness's retries).
+        attempt: 1-based attempt number.
+        wire_api: The API called.
+        model: Model name the harness sent.
+        request_json: The request body as received (decompressed), identifiers scrubbed.
+        request_headers: Request headers without secrets, identifiers scrubbed.
+        canonical: The canonical conversation (JSON-able), identifiers scrubbed.
+        prompt_ids: Exactly the ids the engine saw.
+        completion_ids: Exactly the ids the engine sampled.
+        logprobs: Logprob of each sampled id.
+        policy_versions: Policy version of each sampled id.
+        sampling: The enforced sampling parameters.
+        finish: Why generation ended.
+        receive_time: Unix seconds when the request arrived.
+        ttfb_s: Seconds from arrival to the first response byte.
+        total_s: Seconds from arrival to the end of the response.
+        splice: How the prompt was built.
+        http_status: Status the harness received.
+        response_body: The bytes sent (SSE events or the JSON body).
+        stream: Whether the response was streamed.
+    """
+
+    rollout_id: str
+    run_id: str
+    call_id: str
+    attempt: int
+    wire_api: WireApi
+    model: str
+    request_json: bytes
+    request_headers: dict[str, str]
+    canonical: dict[str, Any]
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    policy_versions: list[int]
+    sampling: dict[str, Any]
+    finish: Finish
+    receive_time: float
+    ttfb_s: float
+    total_s: float
+    splice: SpliceReport
+    http_status: int = 200
+    response_body: bytes = b""
+    stream: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def event_id(self) -> str:
+        """``<rollout_id>/<call_id>/<attempt>`` (the ``Nats-Msg-Id``)."""
+        return f"{self.rollout_id}/{self.call_id}/{self.attempt}"
+
+
+class Recorder(Protocol):
+    """Where finished calls go (NATS in the service, a list in tests)."""
+
+    async def record(self, data: CallRecordData) -> None:
+        """Stores one record durably; returns once it is acknowledged.
+
+        Raises:
+            Exception: The record could not be stored (the call is then failed
+                towards the harness, which retries it).
+        """
+        ...

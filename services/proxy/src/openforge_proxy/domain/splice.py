@@ -1,0 +1,561 @@
+"""Token-exact splice: prompts whose assistant turns are the exact ids the engine sampled.
+
+ARCHITECTURE.md, data path step 3. For each call the proxy builds the prompt
+ids as follows.
+
+1. **Find its own turns.** Every assistant message of the request is matched
+   to a turn this proxy generated in the session: first by an identifier the
+   harness echoed back (item ids, tool-call ids compared after dropping
+   non-alphanumerics and case, since OpenClaw rewrites ``call_x`` to
+   ``callx``; the thinking ``signature`` / ``encrypted_content`` the proxy
+   emitted), then by a fingerprint of what the turn says (text stripped, tool
+   names and arguments compared as parsed JSON with sorted keys, so
+   re-serialized argument JSON still matches; reasoning is left out, since
+   harnesses may drop it).
+2. **Keep the model's view.** The latest matched turn is the *anchor*. The
+   proxy remembers, per generated turn, the conversation the model saw when
+   it produced it (the *head*). When the request's messages before the anchor
+   equal that view, the new conversation is ``view + messages after the
+   anchor``. When they equal it except that a few ``user`` messages the model
+   saw are gone (OpenClaw re-appends its ephemeral context message at the end
+   of each request and removes the old copy; reference §4), the proxy keeps
+   them where the model saw them, so the prompt still extends the previous
+   call and the rollout stays one training sample; the splice report says so.
+   Anything else (compaction, a sub-agent, an edited history) is rendered as
+   the harness sent it, and the report names the cause.
+3. **Render with placeholders.** The conversation is rendered with the chat
+   template, each generated turn replaced by an assistant message whose
+   content is a unique placeholder. The text from the end of that turn's
+   assistant header to the placeholder (and the end-of-turn token after it,
+   when the turn ended with one) is replaced by the exact ids: the tokens the
+   generation prompt added after the header, then the sampled ids. Whatever
+   the template does to past turns (drop reasoning, re-serialize arguments,
+   move markers) no longer matters.
+4. **Tokenize incrementally.** Text between splices is encoded in chunks cut
+   before each message-start token, cached per session
+   (:mod:`openforge_proxy.domain.tokens`), so a call encodes only its new
+   messages.
+5. **Report.** Spans reused (with the call that sampled them), spans rendered,
+   and whether the prompt extends the anchor call's prompt + completion; if
+   not, the first diverging position and a cause (RETRY, COMPACTION,
+   SUB_AGENT, TEMPLATE_DRIFT, OTHER).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from openforge_proxy.domain.conversation import Message, Tool, ToolCall, ToolKind
+from openforge_proxy.domain.families import Family
+from openforge_proxy.domain.output import AssistantOutput
+from openforge_proxy.domain.template import ChatTemplate
+from openforge_proxy.domain.tokens import ChunkCache, TokenizerCodec
+
+_NON_ALNUM = re.compile(r"[^0-9a-z]")
+_SENTINEL = "\ue000ofsplice{}\ue001"
+#: Most user messages the model saw that may be missing before the anchor and still be kept.
+MAX_MOVED_MESSAGES = 2
+
+
+class BreakCause(enum.Enum):
+    """Why a prompt does not extend the previous call (``openforge.common.v1.BreakCause``)."""
+
+    NONE = "none"
+    COMPACTION = "compaction"
+    SUB_AGENT = "sub_agent"
+    RETRY = "retry"
+    TEMPLATE_DRIFT = "template_drift"
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class Span:
+    """Prompt positions ``[start, end)``; ``source_call_id`` set for reused sampled ids."""
+
+    start: int
+    end: int
+    source_call_id: str = ""
+
+
+@dataclass
+class SpliceReport:
+    """How one prompt was built.
+
+    Attributes:
+        reused: Spans holding ids an earlier call sampled.
+        rendered: Spans rendered from text.
+        break_cause: Whether/why the prompt does not extend the anchor call.
+        break_detail: Detail (first diverging position, what changed).
+        notes: What the proxy did to keep the prompt extending (moved messages kept).
+        extends_call_id: The call whose prompt + completion this prompt extends.
+    """
+
+    reused: list[Span] = field(default_factory=list)
+    rendered: list[Span] = field(default_factory=list)
+    break_cause: BreakCause = BreakCause.NONE
+    break_detail: str = ""
+    notes: list[str] = field(default_factory=list)
+    extends_call_id: str = ""
+
+
+def norm_ref(ref: str) -> str:
+    """A reference compared loosely: lower case, alphanumerics only."""
+    return _NON_ALNUM.sub("", ref.lower())
+
+
+def _args_key(arguments: Any) -> str:
+    if isinstance(arguments, dict | list):
+        return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
+    if isinstance(arguments, str):
+        try:
+            parsed = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return arguments.strip()
+        if isinstance(parsed, dict | list):
+            return orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()
+        return arguments.strip()
+    return orjson.dumps(arguments).decode()
+
+
+def fingerprint(content: str, calls: Sequence[tuple[str, Any]]) -> str:
+    """Identity of what an assistant turn says: stripped text, tool names and canonical arguments."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(content.strip().encode())
+    for name, arguments in calls:
+        h.update(b"\x00" + name.encode() + b"\x01" + _args_key(arguments).encode())
+    return h.hexdigest()
+
+
+def message_fingerprint(msg: Message) -> str:
+    """:func:`fingerprint` of a canonical assistant message."""
+    return fingerprint(msg.content, [(tc.name, tc.arguments) for tc in msg.tool_calls])
+
+
+@dataclass
+class GeneratedTurn:
+    """An assistant turn this proxy generated.
+
+    Attributes:
+        turn_id: ``<call_id>/<attempt>``.
+        call_id: The call that sampled it.
+        ids: Generation-prompt ids after the assistant header, then the sampled ids.
+        ends_turn: The sampled ids end with an end-of-turn token.
+        fingerprint: :func:`fingerprint` of its parsed output.
+        message: Its canonical form (as the harness should send it back).
+    """
+
+    turn_id: str
+    call_id: str
+    ids: list[int]
+    ends_turn: bool
+    fingerprint: str
+    message: Message
+
+
+@dataclass
+class Head:
+    """The conversation the model saw up to and including one generated turn.
+
+    Attributes:
+        turn_id: The turn ending the view.
+        call_id: The call that produced it.
+        messages: The view (the last message is the turn).
+        turns: Parallel to ``messages``: the generated turn id of each, or None.
+        tools_key: Identity of the rendered tools.
+        tokens: The call's prompt ids + sampled ids.
+        kept: Positions of messages the harness no longer sends that the proxy kept.
+    """
+
+    turn_id: str
+    call_id: str
+    messages: list[Message]
+    turns: list[str | None]
+    tools_key: str
+    tokens: array[int]
+    kept: frozenset[int] = frozenset()
+
+
+@dataclass
+class PromptPlan:
+    """A built prompt and what the proxy needs to commit the call's outcome.
+
+    Attributes:
+        prompt_ids: The prompt the engine will see.
+        prefill_ids: The ids after the last assistant header (part of the generation prompt).
+        messages: The conversation rendered (the model's view).
+        turns: Parallel to ``messages``: generated turn ids.
+        tools_key: Identity of the rendered tools.
+        report: The splice report.
+        cached_tokens: Leading prompt ids equal to the anchor call's prompt + completion.
+        kept: Positions in ``messages`` the proxy kept although the harness no longer sends them.
+    """
+
+    prompt_ids: list[int]
+    prefill_ids: list[int]
+    messages: list[Message]
+    turns: list[str | None]
+    tools_key: str
+    report: SpliceReport
+    cached_tokens: int = 0
+    kept: frozenset[int] = frozenset()
+
+
+def _same(a: Message, b: Message) -> bool:
+    return a is b or a.template_dict() == b.template_dict()
+
+
+class Splicer:
+    """Builds prompts for one session and remembers its generated turns.
+
+    Args:
+        template: The chat template.
+        family: The model family (markers).
+        codec: The tokenizer.
+        generation_prompt: What ``add_generation_prompt`` appends.
+        eot_ids: Token ids that end a turn.
+        max_heads: Conversation views kept (one per live thread: main agent,
+            sub-agents, recent retries).
+        template_kwargs: Extra template variables.
+    """
+
+    def __init__(
+        self,
+        template: ChatTemplate,
+        family: Family,
+        codec: TokenizerCodec,
+        generation_prompt: str,
+        eot_ids: Sequence[int],
+        *,
+        max_heads: int = 4,
+        max_cache_chars: int = 8_000_000,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self._tpl = template
+        self._fam = family
+        self._codec = codec
+        self._eot = set(eot_ids)
+        self._max_heads = max_heads
+        self._kwargs = template_kwargs or {}
+        header = family.assistant_header
+        if not generation_prompt.startswith(header):
+            self._prefill = ""
+        else:
+            self._prefill = generation_prompt[len(header) :]
+        self._prefill_ids = codec.encode(self._prefill) if self._prefill else []
+        self.cache = ChunkCache(max_cache_chars)
+        self.turns: dict[str, GeneratedTurn] = {}
+        self._refs: dict[str, str] = {}
+        self._fps: dict[str, list[str]] = {}
+        self.heads: OrderedDict[str, Head] = OrderedDict()
+
+    # --- matching -----------------------------------------------------------
+
+    def turn_of_ref(self, ref: str) -> str | None:
+        """The generated turn an echoed identifier belongs to."""
+        return self._refs.get(norm_ref(ref)) if ref else None
+
+    def match(self, msg: Message, used: set[str]) -> str | None:
+        """The generated turn an assistant message is, or None."""
+        fp = message_fingerprint(msg)
+        for ref in msg.refs:
+            turn = self.turn_of_ref(ref)
+            if turn is not None and self.turns[turn].fingerprint == fp:
+                return turn
+        for turn in reversed(self._fps.get(fp, [])):
+            if turn not in used:
+                return turn
+        return None
+
+    # --- building -----------------------------------------------------------
+
+    def tools_key(self, tools: Sequence[Tool]) -> tuple[str, list[dict[str, Any]]]:
+        """Identity of the rendered tools and their template form."""
+        dicts = [t.template_dict() for t in tools if t.rendered]
+        return hashlib.blake2b(orjson.dumps(dicts), digest_size=16).hexdigest(), dicts
+
+    def build(self, messages: list[Message], tools: Sequence[Tool], *, retry_of: str = "") -> PromptPlan:
+        """Builds the prompt for a request.
+
+        Args:
+            messages: The request's canonical conversation.
+            tools: Its tools.
+            retry_of: The call id when this request repeats an earlier call.
+
+        Returns:
+            The plan (prompt ids, model view, report).
+
+        Raises:
+            jinja2.TemplateError: The template refused the conversation.
+        """
+        tools_key, tool_dicts = self.tools_key(tools)
+        used: set[str] = set()
+        matched: list[str | None] = []
+        for msg in messages:
+            turn = self.match(msg, used) if msg.role == "assistant" else None
+            if turn is not None:
+                used.add(turn)
+            matched.append(turn)
+        report = SpliceReport()
+        view, turns, head, kept = self._reconcile(messages, matched, tools_key, report)
+        ids, reused, rendered, prefill = self._render(view, turns, tool_dicts)
+        report.reused, report.rendered = reused, rendered
+        cached = 0
+        if head is not None and report.break_cause is BreakCause.NONE:
+            n = len(head.tokens)
+            if len(ids) >= n and array("i", ids[:n]) == head.tokens:
+                cached = n
+                report.extends_call_id = head.call_id
+            else:
+                at = _divergence(head.tokens, ids)
+                report.break_cause = BreakCause.TEMPLATE_DRIFT
+                report.break_detail = (
+                    f"the prompt differs from call {head.call_id}'s prompt + completion at token {at} "
+                    "although the conversation extends it"
+                )
+        if retry_of:
+            report.break_cause = BreakCause.RETRY
+            report.break_detail = f"repeats call {retry_of}"
+        return PromptPlan(ids, prefill, view, turns, tools_key, report, cached, kept)
+
+    def _reconcile(
+        self, messages: list[Message], matched: list[str | None], tools_key: str, report: SpliceReport
+    ) -> tuple[list[Message], list[str | None], Head | None, frozenset[int]]:
+        none: frozenset[int] = frozenset()
+        anchor = next((i for i in range(len(matched) - 1, -1, -1) if matched[i] in self.heads), None)
+        if anchor is None:
+            if self.heads:
+                self._no_anchor_cause(messages, matched, report)
+            return messages, matched, None, none
+        turn = matched[anchor]
+        assert turn is not None
+        head = self.heads[turn]
+        self.heads.move_to_end(turn)
+        if head.tools_key != tools_key:
+            report.break_cause = BreakCause.OTHER
+            report.break_detail = "the tools changed since the previous call"
+            return messages, matched, None, none
+        seen = head.messages[:-1]
+        seen_turns = head.turns[:-1]
+        before = messages[:anchor]
+        before_turns = matched[:anchor]
+        moved = _moved_user_messages(seen, seen_turns, before, before_turns, head.kept)
+        if moved is None:
+            report.break_cause = (
+                BreakCause.COMPACTION if len(before) + MAX_MOVED_MESSAGES < len(seen) else BreakCause.OTHER
+            )
+            at = _first_diff(seen, seen_turns, before, before_turns)
+            report.break_detail = (
+                f"message {at} before the last generated turn differs from what the model saw at call {head.call_id}"
+            )
+            return messages, matched, None, none
+        new = [i for i in moved if i not in head.kept]
+        if new:
+            report.notes.append(
+                f"kept {len(new)} user message(s) at positions {new} where the model saw them "
+                "(the harness moved or dropped them)"
+            )
+        view = head.messages + messages[anchor + 1 :]
+        return view, head.turns + matched[anchor + 1 :], head, head.kept | frozenset(moved)
+
+    def _no_anchor_cause(self, messages: list[Message], matched: list[str | None], report: SpliceReport) -> None:
+        if any(matched):
+            report.break_cause = BreakCause.OTHER
+            report.break_detail = "the conversation holds generated turns whose view is no longer kept"
+            return
+        firsts = [h.messages[:2] for h in self.heads.values()]
+        if any(len(f) == len(messages[:2]) and all(map(_same, f, messages[:2])) for f in firsts):
+            report.break_cause = BreakCause.COMPACTION
+            report.break_detail = "the history no longer holds any turn this session generated"
+        else:
+            report.break_cause = BreakCause.SUB_AGENT
+            report.break_detail = "a conversation that starts unlike any earlier one of this session"
+
+    def _render(
+        self, view: list[Message], turns: list[str | None], tool_dicts: list[dict[str, Any]]
+    ) -> tuple[list[int], list[Span], list[Span], list[int]]:
+        dicts: list[dict[str, Any]] = []
+        order: list[GeneratedTurn] = []
+        for msg, turn in zip(view, turns, strict=True):
+            if turn is None:
+                dicts.append(msg.template_dict())
+            else:
+                dicts.append({"role": "assistant", "content": _SENTINEL.format(len(order))})
+                order.append(self.turns[turn])
+        text = self._tpl.render(dicts, tool_dicts, add_generation_prompt=True, **self._kwargs)
+        header = self._fam.assistant_header
+        eot = self._fam.end_of_turn
+        ids: list[int] = []
+        reused: list[Span] = []
+        rendered: list[Span] = []
+        pos = 0
+
+        def emit_text(chunk: str) -> None:
+            if not chunk:
+                return
+            start = len(ids)
+            ids.extend(self._codec.encode_chunked(chunk, self.cache))
+            if len(ids) > start:
+                rendered.append(Span(start, len(ids)))
+
+        for k, gen in enumerate(order):
+            sentinel = _SENTINEL.format(k)
+            at = text.find(sentinel, pos)
+            h = text.rfind(header, pos, at) if at >= 0 else -1
+            if h < 0:
+                raise ValueError(f"the chat template does not frame assistant turns with {header!r}")
+            start = h + len(header)
+            end = at + len(sentinel)
+            if gen.ends_turn and text.startswith(eot, end):
+                end += len(eot)
+            emit_text(text[pos:start])
+            s = len(ids)
+            ids.extend(gen.ids)
+            reused.append(Span(s, len(ids), gen.call_id))
+            pos = end
+        tail = text[pos:]
+        if self._prefill and tail.endswith(self._prefill):
+            emit_text(tail[: len(tail) - len(self._prefill)])
+            start = len(ids)
+            ids.extend(self._prefill_ids)
+            rendered.append(Span(start, len(ids)))
+        else:
+            emit_text(tail)
+        return ids, reused, rendered, list(self._prefill_ids)
+
+    # --- committing ---------------------------------------------------------
+
+    def commit(
+        self,
+        plan: PromptPlan,
+        *,
+        call_id: str,
+        attempt: int,
+        output: AssistantOutput,
+        sampled: Sequence[int],
+    ) -> GeneratedTurn:
+        """Remembers a finished generation: its turn, references and the model's view.
+
+        Args:
+            plan: The plan the prompt came from.
+            call_id: The call.
+            attempt: Its attempt number.
+            output: The parsed output, ids assigned (the references the harness will echo).
+            sampled: The sampled ids.
+
+        Returns:
+            The new turn.
+        """
+        turn_id = f"{call_id}/{attempt}"
+        msg = Message(
+            role="assistant",
+            content=output.text,
+            reasoning=output.reasoning or None,
+            tool_calls=[
+                ToolCall(id=tc.id, name=tc.name, arguments=tc.arguments, kind=tc.kind, namespace=tc.namespace)
+                for tc in output.tool_calls
+            ],
+            refs=output.refs(),
+        )
+        fp = fingerprint(output.text, [(tc.name, _resent_arguments(tc)) for tc in output.tool_calls])
+        gen = GeneratedTurn(
+            turn_id=turn_id,
+            call_id=call_id,
+            ids=plan.prefill_ids + list(sampled),
+            ends_turn=bool(sampled) and sampled[-1] in self._eot,
+            fingerprint=fp,
+            message=msg,
+        )
+        self.turns[turn_id] = gen
+        for ref in output.refs():
+            self._refs[norm_ref(ref)] = turn_id
+        self._fps.setdefault(fp, []).append(turn_id)
+        tokens = array("i", plan.prompt_ids)
+        tokens.extend(sampled)
+        self.heads[turn_id] = Head(
+            turn_id=turn_id,
+            call_id=call_id,
+            messages=[*plan.messages, msg],
+            turns=[*plan.turns, turn_id],
+            tools_key=plan.tools_key,
+            tokens=tokens,
+            kept=plan.kept,
+        )
+        while len(self.heads) > self._max_heads:
+            self.heads.popitem(last=False)
+        return gen
+
+
+def _resent_arguments(tc: Any) -> Any:
+    """The arguments as a harness sends them back (custom tools: the raw input)."""
+    if tc.kind is ToolKind.CUSTOM:
+        return tc.arguments_json
+    return tc.arguments
+
+
+def _moved_user_messages(
+    seen: list[Message],
+    seen_turns: list[str | None],
+    sent: list[Message],
+    sent_turns: list[str | None],
+    kept: frozenset[int],
+) -> list[int] | None:
+    """Positions of ``seen`` missing from ``sent`` when ``sent`` is ``seen`` minus a few user messages.
+
+    Positions in ``kept`` (missing already from an earlier request) do not count
+    towards :data:`MAX_MOVED_MESSAGES`.
+
+    Returns:
+        ``[]`` when equal, the missing positions when only user messages are
+        missing and at most :data:`MAX_MOVED_MESSAGES` of them newly, else None.
+    """
+    if len(sent) > len(seen):
+        return None
+    missing: list[int] = []
+    j = 0
+    for i, msg in enumerate(seen):
+        if j < len(sent) and _equal(msg, seen_turns[i], sent[j], sent_turns[j]):
+            j += 1
+            continue
+        if i not in kept and (msg.role != "user" or seen_turns[i] is not None):
+            return None
+        missing.append(i)
+        if len([m for m in missing if m not in kept]) > MAX_MOVED_MESSAGES:
+            return None
+    return missing if j == len(sent) else None
+
+
+def _equal(a: Message, ta: str | None, b: Message, tb: str | None) -> bool:
+    if ta is not None or tb is not None:
+        return ta == tb
+    return _same(a, b)
+
+
+def _first_diff(
+    seen: list[Message], seen_turns: list[str | None], sent: list[Message], sent_turns: list[str | None]
+) -> int:
+    for i, (a, b) in enumerate(zip(seen, sent, strict=False)):
+        if not _equal(a, seen_turns[i], b, sent_turns[i]):
+            return i
+    return min(len(seen), len(sent))
+
+
+def _divergence(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    lo, hi = 0, n
+    # binary search on equal prefixes (slices compare in C)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if list(a[:mid]) == list(b[:mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

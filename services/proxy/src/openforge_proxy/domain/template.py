@@ -1,0 +1,121 @@
+"""Chat-template rendering the way ``transformers`` does it, without ``transformers``.
+
+``PreTrainedTokenizerBase.apply_chat_template`` compiles the model's Jinja
+template in an ``ImmutableSandboxedEnvironment(trim_blocks=True,
+lstrip_blocks=True)`` with the ``loopcontrols`` extension, a ``tojson`` filter
+that keeps non-ASCII characters (``json.dumps(x, ensure_ascii=False)``), the
+globals ``raise_exception`` and ``strftime_now``, and the ``{% generation %}``
+block tag (rendered as its body); it renders with ``messages``, ``tools``
+(None when empty), ``add_generation_prompt`` and the tokenizer's special
+tokens (``bos_token``, ``eos_token``...). This module reproduces exactly that
+(transformers 4.5x ``utils/chat_template_utils.py``), so a prompt rendered
+here is the prompt a ``transformers``/vLLM server would render.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from openforge_core.errors import FailedPrecondition
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}`` renders its body (transformers' AssistantTracker)."""
+
+    tags = {"generation"}  # noqa: RUF012  (jinja2's own attribute)
+
+    def parse(self, parser: Any) -> Any:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class ChatTemplate:
+    """A compiled chat template.
+
+    Args:
+        source: The Jinja template text.
+        special_tokens: ``bos_token``, ``eos_token``... passed to every render.
+
+    Raises:
+        FailedPrecondition: The template does not compile.
+    """
+
+    def __init__(self, source: str, special_tokens: Mapping[str, str] | None = None) -> None:
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise FailedPrecondition(f"the chat template does not compile: {exc}", reason="BAD_TEMPLATE") from exc
+        self.source = source
+        self._special = dict(special_tokens or {})
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        """Renders a conversation to prompt text.
+
+        Args:
+            messages: Messages as chat templates expect them.
+            tools: Tool definitions, or None/empty for none.
+            add_generation_prompt: Append the assistant header.
+            **kwargs: Extra template variables (``enable_thinking``...).
+
+        Returns:
+            The prompt text.
+
+        Raises:
+            jinja2.TemplateError: The template refused the conversation.
+        """
+        return self._template.render(
+            messages=list(messages),
+            tools=list(tools) if tools else None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **self._special,
+            **kwargs,
+        )
+
+    def generation_prompt(self, **kwargs: Any) -> str:
+        """The text ``add_generation_prompt=True`` appends after a conversation."""
+        probe = [{"role": "user", "content": "\x00probe\x00"}]
+        with_prompt = self.render(probe, add_generation_prompt=True, **kwargs)
+        without = self.render(probe, add_generation_prompt=False, **kwargs)
+        if not with_prompt.startswith(without):
+            raise FailedPrecondition("the generation prompt does not extend the conversation", reason="BAD_TEMPLATE")
+        return with_prompt[len(without) :]

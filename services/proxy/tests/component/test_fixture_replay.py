@@ -1,0 +1,432 @@
+"""Fixture replay: every captured harness request through the proxy, against a fake engine.
+
+For each run in ``../shared/cases/harness-captures/`` (Claude Code, Codex,
+OpenClaw, mini-swe-agent), the requests are sent in their captured order,
+path (query string included), headers and body, with this session's key in
+the same header scheme the client used. The fake engine is scripted with the
+answer the capture server planned for that call (text, or a tool call with
+its arguments; a custom ``exec`` call for Codex's code mode), tokenized with
+the fake model's tokenizer. Checks:
+
+* the answer is what that client accepted, structurally: status, content
+  type, the protocol's event grammar and order, the same fields on each event
+  type as the captured stream, usage where the client reads it, no malformed
+  SSE line; the reassembled message equals the plan;
+* one record per answered request, the prompt ids equal what the engine saw
+  and the completion ids/logprobs/versions equal what it sampled; a repeated
+  request is another attempt of the same call;
+* in every run that is not a fault scenario, each later call's prompt extends
+  the previous call's prompt + completion token for token (one training
+  sample per rollout), through what the clients do to history (Claude Code's
+  system message turning into a string, OpenClaw's moved context message and
+  rewritten tool-call ids, re-serialized arguments, Codex's reasoning items).
+
+Captured fault injections (429/500/400, broken streams) are the capture
+server's doing, not the client's request: the proxy answers them normally.
+Requests recorded only as a diff with truncated values cannot be rebuilt and
+are skipped (named in the output).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from openforge_testing.fakes import ScriptedInferenceServer, final_text, tool_call_text
+
+_DROP_HEADERS = {"host", "content-length", "x-api-key", "authorization", "connection", "accept-encoding"}
+_REASONING = "**Planning** I will run a shell command."
+
+
+def _runs(root: Path) -> list[Path]:
+    return sorted(p for p in root.glob("*/*") if p.is_dir())
+
+
+def _pointer(doc: Any, path: str) -> tuple[Any, str | int]:
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")]
+    for p in parts[:-1]:
+        doc = doc[int(p)] if isinstance(doc, list) else doc[p]
+    last: str | int = int(parts[-1]) if isinstance(doc, list) else parts[-1]
+    return doc, last
+
+
+def _apply(body: Any, diff: list[dict[str, Any]]) -> Any | None:
+    out = copy.deepcopy(body)
+    for op in diff:
+        new = op.get("new")
+        if isinstance(new, dict) and "_truncated_json" in new:
+            return None
+        parent, key = _pointer(out, op["path"])
+        if op["op"] == "add" and isinstance(parent, list):
+            assert isinstance(key, int)
+            parent.insert(key, new)
+        elif op["op"] == "remove":
+            del parent[key]
+        else:
+            parent[key] = new
+    return out
+
+
+def load_run(run: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The run's request files with a rebuilt ``body``, and the names of those that cannot be rebuilt."""
+    files = sorted(run.glob("0*.json"))
+    docs = [json.loads(f.read_text()) for f in files]
+    first = docs[0]["body"]
+    out: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    for f, d in zip(files, docs, strict=True):
+        if d.get("body") is not None:
+            body = d["body"]
+        elif "body_same_as" in d:
+            body = first
+        else:
+            body = _apply(first, d.get("body_diff_vs_first") or [])
+        if body is None:
+            skipped.append(f"{run.parent.name}/{run.name}/{f.name}")
+            continue
+        out.append({**d, "body": body})
+    # What the harness got (and so sends back later): read from the captured answer; a
+    # fault-injected request gets what the request answered after it got.
+    for d in out:
+        d["plan"] = answered(d)
+    for i, d in enumerate(out):
+        if d["plan"] is None:
+            d["plan"] = next((e["plan"] for e in out[i + 1 :] if e["plan"]), {"type": "text", "text": "OK."})
+    return out, skipped
+
+
+def answered(d: dict[str, Any]) -> dict[str, Any] | None:
+    """The visible answer of a captured normal response: text and at most one tool call."""
+    resp = d["response"]
+    if d["fault_injected"] is not None or resp["status"] != 200:
+        return None
+    plan = d.get("plan") or {}
+    thinking = bool(plan.get("thinking"))
+    text = ""
+    call: tuple[str, Any] | None = None
+    path = d["path"]
+    if isinstance(resp["transcript"], dict):
+        obj = resp["transcript"]
+        if "/messages" in path:
+            for b in obj["content"]:
+                if b["type"] == "text":
+                    text += b["text"]
+                elif b["type"] == "tool_use":
+                    call = (b["name"], b["input"])
+        elif "/responses" in path:
+            for item in obj["output"]:
+                if item["type"] == "message":
+                    text += "".join(p["text"] for p in item["content"])
+                elif item["type"] == "function_call":
+                    call = (item["name"], json.loads(item["arguments"]))
+        else:
+            msg = obj["choices"][0]["message"]
+            text = msg.get("content") or ""
+            for tc in msg.get("tool_calls") or []:
+                call = (tc["function"]["name"], json.loads(tc["function"]["arguments"]))
+    else:
+        for name, data in _captured_events(d):
+            if not isinstance(data, dict):
+                continue
+            if name == "content_block_delta" and data["delta"]["type"] == "text_delta":
+                text += data["delta"]["text"]
+            elif name == "content_block_start" and data["content_block"]["type"] == "tool_use":
+                call = (data["content_block"]["name"], None)
+            elif name == "response.output_text.done":
+                text += data["text"]
+            elif name == "response.output_item.done" and data["item"]["type"] == "function_call":
+                call = (data["item"]["name"], json.loads(data["item"]["arguments"]))
+            elif name == "response.output_item.done" and data["item"]["type"] == "custom_tool_call":
+                call = ("custom:" + data["item"]["name"], data["item"]["input"])
+            elif name is None and data.get("choices"):
+                delta = data["choices"][0]["delta"]
+                text += delta.get("content") or ""
+                for tc in delta.get("tool_calls") or []:
+                    if "id" in tc:
+                        call = (tc["function"]["name"], None)
+    if call is not None and call[1] is None:
+        call = (call[0], plan["args"])  # streamed arguments: the plan holds them whole
+    if call is None:
+        return {"type": "text", "text": text, "thinking": thinking}
+    return {"type": "tool", "name": call[0], "args": call[1], "text": text, "thinking": thinking}
+
+
+def completion_for(plan: dict[str, Any]) -> str:
+    """The completion text the fake engine samples for a capture plan."""
+    reasoning = _REASONING if plan.get("thinking") else None
+    if plan["type"] == "text":
+        return final_text(plan["text"], reasoning=reasoning)
+    name = plan["name"]
+    args = plan["args"]
+    if name.startswith("custom:"):
+        return tool_call_text(name.split(":", 1)[1], {"input": args}, text=plan.get("text", ""), reasoning=reasoning)
+    return tool_call_text(name, args, text=plan.get("text", ""), reasoning=reasoning)
+
+
+def _headers(d: dict[str, Any]) -> tuple[dict[str, str], bool]:
+    h = {k: v for k, v in d["headers"].items() if k.lower() not in _DROP_HEADERS}
+    bearer = any(k.lower() == "authorization" for k in d["headers"])
+    return h, bearer
+
+
+# --- what each client accepted --------------------------------------------------------------
+
+
+def _message_from_anthropic(events: list[tuple[str | None, Any]]) -> dict[str, Any]:
+    names = [e for e, _ in events]
+    assert names[:2] == ["message_start", "ping"], names
+    assert names[-2:] == ["message_delta", "message_stop"], names
+    assert "usage" in events[0][1]["message"] and "usage" in events[-2][1]
+    blocks: list[dict[str, Any]] = []
+    open_index: int | None = None
+    for name, data in events[2:-2]:
+        assert data["type"] == name
+        if name == "content_block_start":
+            assert open_index is None and data["index"] == len(blocks)
+            open_index = data["index"]
+            blocks.append({**data["content_block"], "_json": ""})
+        elif name == "content_block_delta":
+            assert data["index"] == open_index
+            delta = data["delta"]
+            block = blocks[-1]
+            if delta["type"] == "text_delta":
+                block["text"] += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                block["thinking"] += delta["thinking"]
+            elif delta["type"] == "signature_delta":
+                block["signature"] = delta["signature"]
+            else:
+                assert delta["type"] == "input_json_delta"
+                block["_json"] += delta["partial_json"]
+        else:
+            assert name == "content_block_stop" and data["index"] == open_index
+            open_index = None
+    assert open_index is None
+    for b in blocks:
+        if b["type"] == "tool_use":
+            b["input"] = json.loads(b["_json"])
+        del b["_json"]
+    return {"content": blocks, "stop_reason": events[-2][1]["delta"]["stop_reason"]}
+
+
+def _items_from_responses(events: list[tuple[str | None, Any]]) -> dict[str, Any]:
+    names = [e for e, _ in events]
+    assert names[:2] == ["response.created", "response.in_progress"], names
+    assert names[-1] == "response.completed", names
+    seqs = [d["sequence_number"] for _, d in events]
+    assert seqs == list(range(len(events)))
+    done: list[dict[str, Any]] = []
+    added = 0
+    for name, data in events:
+        assert data["type"] == name
+        if name == "response.output_item.added":
+            assert data["output_index"] == added
+            added += 1
+        elif name == "response.output_item.done":
+            assert data["output_index"] == len(done)
+            done.append(data["item"])
+    completed = events[-1][1]["response"]
+    assert completed["output"] == done
+    usage = completed["usage"]
+    assert {"input_tokens", "output_tokens", "total_tokens"} <= set(usage)
+    assert "cached_tokens" in usage["input_tokens_details"]
+    assert "reasoning_tokens" in usage["output_tokens_details"]
+    return {"output": done}
+
+
+def _message_from_chat(events: list[tuple[str | None, Any]], include_usage: bool) -> dict[str, Any]:
+    assert events[-1] == (None, "[DONE]")
+    chunks = [d for _, d in events[:-1]]
+    if include_usage:
+        assert chunks[-1]["choices"] == [] and "prompt_tokens" in chunks[-1]["usage"]
+        chunks = chunks[:-1]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[-1]["choices"][0]["finish_reason"] is not None
+    text = ""
+    calls: list[dict[str, Any]] = []
+    for c in chunks[1:-1]:
+        delta = c["choices"][0]["delta"]
+        assert c["choices"][0]["finish_reason"] is None
+        text += delta.get("content", "")
+        for tc in delta.get("tool_calls", []):
+            if "id" in tc:
+                assert tc["index"] == len(calls)
+                calls.append({"id": tc["id"], "name": tc["function"]["name"], "arguments": ""})
+            calls[tc["index"]]["arguments"] += tc["function"]["arguments"]
+    return {"text": text, "calls": calls, "finish": chunks[-1]["choices"][0]["finish_reason"]}
+
+
+def _event_keys(events: list[tuple[str | None, Any]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for name, data in events:
+        if isinstance(data, dict) and name is not None:
+            out.setdefault(name, set(data))
+    return out
+
+
+def _captured_events(d: dict[str, Any]) -> list[tuple[str | None, Any]]:
+    out: list[tuple[str | None, Any]] = []
+    for raw in d["response"]["transcript"]:
+        event = None
+        data: Any = None
+        for line in raw.strip("\n").split("\n"):
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                try:
+                    data = json.loads(line[6:])
+                except json.JSONDecodeError:
+                    data = line[6:]
+        out.append((event, data))
+    return out
+
+
+def check_reply(d: dict[str, Any], reply: Any) -> None:
+    """Asserts the reply is structurally what this client accepted and says what the plan says."""
+    body = d["body"]
+    plan = d["plan"]
+    assert reply.status == 200, reply.body[:500]
+    path = d["path"]
+    normal_capture = d["fault_injected"] is None and d["response"]["status"] == 200
+    blocks: Any
+    if body.get("stream"):
+        assert reply.headers["Content-Type"].startswith("text/event-stream")
+        events = reply.events()
+        if normal_capture:
+            ours = _event_keys(events)
+            theirs = _event_keys(_captured_events(d))
+            for name, keys in ours.items():
+                if name in theirs:
+                    assert keys == theirs[name], (name, keys ^ theirs[name])
+        if "/messages" in path:
+            msg = _message_from_anthropic(events)
+            blocks = [b for b in msg["content"] if b["type"] != "thinking"]
+        elif "/responses" in path:
+            out = _items_from_responses(events)
+            blocks = out["output"]
+        else:
+            chat = _message_from_chat(events, bool((body.get("stream_options") or {}).get("include_usage")))
+            blocks = chat
+    else:
+        assert reply.headers["Content-Type"].startswith("application/json")
+        obj = reply.json()
+        if normal_capture:
+            assert set(obj) == set(d["response"]["transcript"]), set(obj) ^ set(d["response"]["transcript"])
+        if "/messages" in path:
+            blocks = [b for b in obj["content"] if b["type"] != "thinking"]
+        elif "/responses" in path:
+            blocks = obj["output"]
+        else:
+            message = obj["choices"][0]["message"]
+            blocks = {
+                "text": message["content"] or "",
+                "calls": [
+                    {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                    for c in message.get("tool_calls") or []
+                ],
+            }
+    _check_plan(path, plan, blocks)
+
+
+def _check_plan(path: str, plan: dict[str, Any], blocks: Any) -> None:
+    want_text = plan.get("text", "")
+    if "/chat/completions" in path:
+        assert blocks["text"] == want_text
+        if plan["type"] == "tool":
+            (call,) = blocks["calls"]
+            assert call["name"] == plan["name"] and json.loads(call["arguments"]) == plan["args"]
+            assert call["id"].isalnum()
+        return
+    if "/responses" in path:
+        texts = [p["text"] for b in blocks if b["type"] == "message" for p in b["content"]]
+        assert "".join(texts) == want_text
+        calls = [b for b in blocks if b["type"] in ("function_call", "custom_tool_call")]
+        if plan["type"] == "tool":
+            (call,) = calls
+            if plan["name"].startswith("custom:"):
+                assert call["type"] == "custom_tool_call" and call["input"] == plan["args"]
+                assert call["name"] == "exec" and call["namespace"] == "functions"
+            else:
+                assert call["name"] == plan["name"] and json.loads(call["arguments"]) == plan["args"]
+        else:
+            assert calls == []
+        return
+    texts = [b["text"] for b in blocks if b["type"] == "text"]
+    assert "".join(texts) == want_text
+    uses = [b for b in blocks if b["type"] == "tool_use"]
+    if plan["type"] == "tool":
+        (use,) = uses
+        assert use["name"] == plan["name"] and use["input"] == plan["args"] and use["id"].isalnum()
+    else:
+        assert uses == []
+
+
+@pytest.mark.parametrize(
+    "run_name",
+    [
+        "claude-code/auth-token",
+        "claude-code/custom-model-name",
+        "claude-code/err-400x1",
+        "claude-code/err-429x2",
+        "claude-code/err-malformed-sse",
+        "claude-code/err-truncated-stream",
+        "claude-code/normal",
+        "codex/custom-model",
+        "codex/default-model-code-mode-think",
+        "codex/err-429x2",
+        "codex/err-500x2",
+        "codex/err-response-failed",
+        "mini-swe-agent/anthropic-messages",
+        "mini-swe-agent/chat-textbased",
+        "mini-swe-agent/chat-toolcall",
+        "mini-swe-agent/err-429x2",
+        "mini-swe-agent/responses",
+        "openclaw/anthropic-messages",
+        "openclaw/chat-completions",
+        "openclaw/err-400x1",
+        "openclaw/err-truncated-stream",
+        "openclaw/responses",
+    ],
+)
+async def test_replay_run(run_name: str, captures: Path, model_dir: Path, start_proxy: Any) -> None:
+    run = captures / run_name
+    if not run.is_dir():
+        pytest.skip(f"capture run {run_name} is not in this copy of the captures")
+    docs, skipped = load_run(run)
+    fake = ScriptedInferenceServer(model_dir, [completion_for(d["plan"]) for d in docs], tokens_per_message=3)
+    proxy = await start_proxy(fake)
+    if True:
+        key = proxy.session("rollout-" + run_name.replace("/", "-"))
+        bodies: list[str] = []
+        for d in docs:
+            headers, bearer = _headers(d)
+            reply = await proxy.post(d["path"], d["body"], key=key, bearer=bearer, headers=headers)
+            check_reply(d, reply)
+            bodies.append(json.dumps(d["body"], sort_keys=True))
+        records = proxy.recorder.records
+        assert len(records) == len(docs)
+        for rec, seen in zip(records, fake.seen, strict=True):
+            assert rec.prompt_ids == seen.prompt_ids
+            assert rec.completion_ids == seen.sampled_ids
+            assert rec.logprobs == pytest.approx(seen.logprobs)
+            assert rec.policy_versions == [fake.policy_version] * len(seen.sampled_ids)
+            assert b"<REDACTED" not in rec.request_json or "err-" in run_name
+            assert "x-api-key" not in rec.request_headers and "authorization" not in rec.request_headers
+        # the same conversation again is another attempt of the same call
+        for i, rec in enumerate(records):
+            earlier = [r for r in records[:i] if r.call_id == rec.call_id]
+            assert rec.attempt == len(earlier) + 1
+        if not run_name.split("/")[1].startswith("err-"):
+            for prev, rec in itertools.pairwise(records):
+                assert rec.splice.break_cause.value == "none", rec.splice
+                seq = prev.prompt_ids + prev.completion_ids
+                assert rec.prompt_ids[: len(seq)] == seq
+                assert rec.splice.extends_call_id == prev.call_id
+                assert [s.source_call_id for s in rec.splice.reused][-1] == prev.call_id
+    if skipped:
+        print("not rebuildable (truncated diff values):", ", ".join(skipped))

@@ -1,0 +1,215 @@
+"""Proxy test support: an in-process proxy over a fake (scripted) inference server.
+
+The proxy under test is the real one (HTTP server, call core, gRPC inference
+client); only the engine is a fake (:class:`openforge_testing.fakes.ScriptedInferenceServer`)
+and records go to a list instead of NATS.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from multidict import CIMultiDict
+
+from openforge_proxy.adapters.inference import GrpcEngine
+from openforge_proxy.domain.handler import CallHandler
+from openforge_proxy.domain.record import CallRecordData
+from openforge_proxy.domain.runtime import ModelRuntime
+from openforge_proxy.domain.sessions import Limits, SessionRegistry
+from openforge_proxy.http.server import HttpServer
+from openforge_testing.fakes import ScriptedInferenceServer, build_fake_model_dir
+
+CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "cases" / "harness-captures"
+
+
+class ListRecorder:
+    """Keeps records in a list (the service publishes them to NATS instead)."""
+
+    def __init__(self) -> None:
+        self.records: list[CallRecordData] = []
+        self.fail = False
+
+    async def record(self, data: CallRecordData) -> None:
+        if self.fail:
+            raise RuntimeError("recorder down")
+        self.records.append(data)
+
+
+@dataclass
+class Reply:
+    """One HTTP answer."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def events(self) -> list[tuple[str | None, Any]]:
+        """The SSE events, strictly parsed (every data line must be JSON or ``[DONE]``)."""
+        return parse_sse(self.body)
+
+
+def parse_sse(raw: bytes) -> list[tuple[str | None, Any]]:
+    """Parses an SSE body strictly: blocks separated by blank lines, one ``data:`` line each."""
+    text = raw.decode()
+    assert text.endswith("\n\n"), "stream does not end with a blank line"
+    out: list[tuple[str | None, Any]] = []
+    for block in text.split("\n\n")[:-1]:
+        event: str | None = None
+        data: Any = None
+        lines = block.split("\n")
+        for line in lines:
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                payload = line[6:]
+                data = "[DONE]" if payload == "[DONE]" else json.loads(payload)
+            else:
+                raise AssertionError(f"unexpected SSE line {line!r}")
+        assert data is not None, f"SSE block without data: {block!r}"
+        out.append((event, data))
+    return out
+
+
+class InProcessProxy:
+    """The proxy's HTTP server and core, in this event loop, over a fake engine."""
+
+    def __init__(self, fake: ScriptedInferenceServer, *, max_body_bytes: int = 32 << 20) -> None:
+        self.fake = fake
+        self.sessions = SessionRegistry(3600, 1000)
+        self.recorder = ListRecorder()
+        self._max_body = max_body_bytes
+        self.engine: GrpcEngine | None = None
+        self.handler: CallHandler | None = None
+        self.http: HttpServer | None = None
+        self.client: aiohttp.ClientSession | None = None
+        self.runtime: ModelRuntime | None = None
+
+    async def start(self) -> InProcessProxy:
+        await self.fake.start()
+        self.engine = GrpcEngine(self.fake.address, info_timeout_s=5)
+
+        async def runtime() -> ModelRuntime:
+            if self.runtime is None:
+                assert self.engine is not None
+                self.runtime = ModelRuntime.load(await self.engine.model_info())
+            return self.runtime
+
+        self.handler = CallHandler(self.sessions, self.engine, runtime, self.recorder)
+        self.http = HttpServer(self.handler, "127.0.0.1", 0, self._max_body)
+        await self.http.start()
+        self.client = aiohttp.ClientSession(auto_decompress=False)
+        return self
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        if self.http is not None:
+            await self.http.stop()
+        if self.engine is not None:
+            await self.engine.close()
+        await self.fake.stop()
+
+    @property
+    def base(self) -> str:
+        assert self.http is not None
+        return f"http://127.0.0.1:{self.http.port}"
+
+    def session(
+        self, rollout_id: str = "r1", *, model_name: str = "", limits: Limits | None = None, **sampling: Any
+    ) -> str:
+        """Opens a session; returns its key."""
+        _, key = self.sessions.create(
+            request_id=rollout_id,
+            rollout_id=rollout_id,
+            run_id="run",
+            model_name=model_name,
+            limits=limits or Limits(),
+            sampling=sampling or {"temperature": 1.0},
+            ttl_s=None,
+        )
+        return key
+
+    async def post(
+        self,
+        path: str,
+        body: Any,
+        *,
+        key: str | None = None,
+        bearer: bool = False,
+        headers: Mapping[str, str] = {},
+    ) -> Reply:
+        """POSTs JSON (or raw bytes) with the key as ``x-api-key`` or Bearer."""
+        assert self.client is not None
+        h = dict(headers)
+        if key is not None:
+            if bearer:
+                h["Authorization"] = f"Bearer {key}"
+            else:
+                h["x-api-key"] = key
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        h.setdefault("Content-Type", "application/json")
+        async with self.client.post(self.base + path, data=data, headers=h) as resp:
+            raw = await resp.read()
+            return Reply(resp.status, CIMultiDict(resp.headers), raw)
+
+    async def get(self, path: str, headers: Mapping[str, str] = {}) -> Reply:
+        assert self.client is not None
+        async with self.client.get(self.base + path, headers=dict(headers)) as resp:
+            return Reply(resp.status, CIMultiDict(resp.headers), await resp.read())
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fake model directory with the Hermes template (reasoning kept in history)."""
+    return build_fake_model_dir(tmp_path_factory.mktemp("fake-model"), template="hermes")
+
+
+@pytest.fixture(scope="session")
+def qwen3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fake model directory with the Qwen3-style template (past reasoning dropped)."""
+    return build_fake_model_dir(tmp_path_factory.mktemp("fake-model-qwen3"), template="qwen3")
+
+
+@pytest.fixture
+async def proxy(model_dir: Path) -> AsyncIterator[InProcessProxy]:
+    """An in-process proxy over a fake engine with an empty script."""
+    p = await InProcessProxy(ScriptedInferenceServer(model_dir)).start()
+    try:
+        yield p
+    finally:
+        await p.stop()
+
+
+StartProxy = Callable[[ScriptedInferenceServer], Awaitable[InProcessProxy]]
+
+
+@pytest.fixture
+async def start_proxy() -> AsyncIterator[StartProxy]:
+    """Starts in-process proxies over given fake engines; all are stopped at teardown."""
+    started: list[InProcessProxy] = []
+
+    async def start(fake: ScriptedInferenceServer) -> InProcessProxy:
+        p = await InProcessProxy(fake).start()
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        await p.stop()
+
+
+@pytest.fixture(scope="session")
+def captures() -> Iterator[Path]:
+    """The harness captures folder (``../shared`` of the repository); skips when absent."""
+    if not CAPTURES.is_dir():
+        pytest.skip(f"harness captures not found at <repo>/../shared/cases/harness-captures ({CAPTURES})")
+    yield CAPTURES
