@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 from google.protobuf.message import Message
 from opentelemetry import trace
@@ -134,6 +135,39 @@ async def test_unknown_type_is_terminated_not_redelivered(nats_server_fn: NatsSe
         await producer.publish(SUBJECT, _event(4), event_id="w/4")
         await got.wait_for(1)
         assert [e.version for e, _, _ in got.received] == [4]  # type: ignore[attr-defined]
+    finally:
+        await producer.close()
+        await consumer.close()
+
+
+async def test_batches_commit_together_and_invalid_events_are_dead_lettered(nats_server_fn: NatsServer) -> None:
+    from openforge.common.v1 import common_pb2
+    from openforge_core.errors import InvalidArgument
+
+    producer, consumer = await _bus(nats_server_fn), await _bus(nats_server_fn)
+    batches: list[list[int]] = []
+    dead = Collector()
+
+    async def handle(batch: Any) -> None:
+        versions = [e.version for e, _ in batch]
+        if 13 in versions:
+            raise InvalidArgument("version 13 is refused")
+        batches.append(versions)
+
+    try:
+        await consumer.consume("c6", [subject_for("trainer", "dead_letter")], [common_pb2.DeadLetter], dead)
+        for v in (11, 12, 13, 14):
+            await producer.publish(SUBJECT, _event(v), event_id=f"w/{v}")
+        await consumer.consume(
+            "c7", [SUBJECT], [events_pb2.WeightsPublished], batch_handler=handle, dead_letter_domain="trainer", batch=10
+        )
+        await dead.wait_for(1)
+        letter = dead.received[0][0]
+        assert isinstance(letter, common_pb2.DeadLetter)
+        assert letter.original_event_id == "w/13" and "refused" in letter.reason
+        assert events_pb2.WeightsPublished.FromString(letter.data).version == 13
+        # the first attempt carried all four in one batch; after it failed each good one went alone
+        assert sorted(v for b in batches for v in b) == [11, 12, 14]
     finally:
         await producer.close()
         await consumer.close()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -78,6 +78,8 @@ class Delivery:
         event_id: Its ``Nats-Msg-Id``.
         num_delivered: 1 on first delivery, more on redelivery.
         stream_sequence: Position in the stream.
+        context: The publisher's trace context (from ``traceparent``).
+        data: The payload as received (the serialized event).
     """
 
     subject: str
@@ -85,6 +87,7 @@ class Delivery:
     num_delivered: int
     stream_sequence: int
     context: otel_context.Context | None = None
+    data: bytes = field(default=b"", repr=False)
 
 
 Handler = Callable[[Message, Delivery], Awaitable[None]]
@@ -290,25 +293,37 @@ class _PullLoop:
         self.nak_delay_s = nak_delay_s
 
     async def run(self, batch: int) -> None:
+        """Fetches and dispatches until cancelled or the connection closes.
+
+        An unexpected error never ends the loop silently: it is logged, and the
+        loop goes on after a short pause (unacked messages are redelivered
+        after the consumer's ack wait).
+        """
         while True:
             try:
-                msgs = await self.sub.fetch(batch, timeout=5.0)
-            except nats.errors.TimeoutError:
+                await self._once(batch)
+            except (nats.errors.TimeoutError, TimeoutError):  # no message within the fetch timeout
                 continue
             except (nats.errors.ConnectionClosedError, asyncio.CancelledError):
                 return
-            decoded: list[tuple[Any, Message, Delivery]] = []
-            for msg in msgs:
-                item = await self._decode(msg)
-                if item is not None:
-                    decoded.append((msg, *item))
-            if not decoded:
-                continue
-            if self.batch_handler is not None:
-                await self._dispatch_batch(decoded)
-            else:
-                for msg, event, delivery in decoded:
-                    await self._dispatch_one(msg, event, delivery)
+            except Exception:
+                log.exception("nats.consumer_error", durable=self.durable)
+                await asyncio.sleep(1.0)
+
+    async def _once(self, batch: int) -> None:
+        msgs = await self.sub.fetch(batch, timeout=5.0)
+        decoded: list[tuple[Any, Message, Delivery]] = []
+        for msg in msgs:
+            item = await self._decode(msg)
+            if item is not None:
+                decoded.append((msg, *item))
+        if not decoded:
+            return
+        if self.batch_handler is not None:
+            await self._dispatch_batch(decoded)
+        else:
+            for msg, event, delivery in decoded:
+                await self._dispatch_one(msg, event, delivery)
 
     async def _decode(self, msg: Any) -> tuple[Message, Delivery] | None:
         headers: dict[str, str] = dict(msg.headers or {})
@@ -319,6 +334,7 @@ class _PullLoop:
             num_delivered=meta.num_delivered,
             stream_sequence=meta.sequence.stream,
             context=extract_context(headers),
+            data=msg.data,
         )
         type_name = headers.get(TYPE_HEADER, "")
         cls = self.by_name.get(type_name)

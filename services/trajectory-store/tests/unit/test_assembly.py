@@ -5,7 +5,7 @@ from __future__ import annotations
 from store_builders import conversation, make_call, make_rollout
 
 from openforge.common.v1 import common_pb2
-from openforge_trajectory_store.domain.assembly import assemble
+from openforge_trajectory_store.domain.assembly import assemble_records as assemble
 
 
 def _done(reward: float = 1.0, status: int = common_pb2.ROLLOUT_STATUS_SUCCEEDED) -> common_pb2.Rollout:

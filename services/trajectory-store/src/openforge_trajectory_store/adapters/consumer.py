@@ -57,7 +57,7 @@ class EventIngestor:
 
     async def handle_batch(self, batch: Sequence[tuple[Message, Delivery]]) -> None:
         """Commits a batch (idempotent per event id); raises to have it redelivered."""
-        result = await asyncio.to_thread(self._repo.ingest, [(d.event_id, e) for e, d in batch])
+        result = await asyncio.to_thread(self._repo.ingest, [(d.event_id, e, d.data) for e, d in batch])
         for event, delivery in batch:
             with use_context(delivery.context):
                 if isinstance(event, orchestrator_events.RolloutsSubmitted):

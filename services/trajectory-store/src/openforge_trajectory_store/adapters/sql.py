@@ -40,7 +40,7 @@ from openforge.orchestrator.v1 import events_pb2 as orch_events
 from openforge.proxy.v1 import events_pb2 as proxy_events
 from openforge.trajectory.v1 import trajectory_pb2
 from openforge_core.errors import FailedPrecondition, InvalidArgument, NotFound
-from openforge_trajectory_store.domain import tokens
+from openforge_trajectory_store.domain import tokens, wire
 from openforge_trajectory_store.domain.assembly import assemble
 from openforge_trajectory_store.domain.query import PageCursor, RolloutFilter, page_size, status_rank
 
@@ -140,7 +140,7 @@ class SqlRepository:
         self._clock = clock
         self._lock = threading.RLock()
         self._conn: _Conn | None = None
-        self._bases: OrderedDict[str, tuple[tokens.CallKey, list[int]]] = OrderedDict()
+        self._bases: OrderedDict[str, tuple[tokens.CallKey, bytes]] = OrderedDict()
         self._base_cache = base_cache
 
     # -- connection ---------------------------------------------------------------------------
@@ -220,12 +220,14 @@ class SqlRepository:
 
     # -- ingestion ----------------------------------------------------------------------------
 
-    def ingest(self, events: Sequence[tuple[str, Message]]) -> IngestResult:
+    def ingest(self, events: Sequence[tuple[str, Message] | tuple[str, Message, bytes]]) -> IngestResult:
         """Applies a batch of events in one transaction; idempotent per event id.
 
         Args:
-            events: (event id, event message) pairs: ``RolloutsSubmitted``,
-                ``RolloutStarted``, ``RolloutFinished``, ``RunRegistered`` or ``CallRecorded``.
+            events: (event id, event message[, the event's wire bytes]) for
+                ``RolloutsSubmitted``, ``RolloutStarted``, ``RolloutFinished``,
+                ``RunRegistered`` or ``CallRecorded``. With the wire bytes a call
+                record is stored without being serialized again.
 
         Returns:
             What changed.
@@ -235,12 +237,13 @@ class SqlRepository:
                 malformed (e.g. logprobs that do not match the sampled tokens).
         """
         result = IngestResult()
-        pending_bases: dict[str, tuple[tokens.CallKey, list[int]]] = {}
+        pending_bases: dict[str, tuple[tokens.CallKey, bytes]] = {}
         now = self._clock()
         with self._tx():
             touched_rollouts: list[str] = []
             touched_groups: set[str] = set()
-            for event_id, event in events:
+            for item in events:
+                event_id, event = item[0], item[1]
                 if not event_id:
                     raise InvalidArgument.field("event_id", "events need an id")
                 cur = self._x(
@@ -276,7 +279,8 @@ class SqlRepository:
                         (m.run_id, now, m.SerializeToString()),
                     )
                 elif isinstance(event, proxy_events.CallRecorded):
-                    self._insert_call(event.record, pending_bases)
+                    raw = item[2] if len(item) > 2 else None
+                    self._insert_call(event.record, _record_bytes(raw) if raw else None, pending_bases)
                     touched_rollouts.append(event.record.rollout_id)
                 else:
                     raise InvalidArgument(f"the store does not record {type(event).__name__}", reason="UNKNOWN_EVENT")
@@ -330,7 +334,12 @@ class SqlRepository:
                 (int(r.status), reward, expected_calls, now, data, r.rollout_id),
             )
 
-    def _insert_call(self, rec: common_pb2.CallRecord, pending: dict[str, tuple[tokens.CallKey, list[int]]]) -> None:
+    def _insert_call(
+        self,
+        rec: common_pb2.CallRecord,
+        data: bytes | None,
+        pending: dict[str, tuple[tokens.CallKey, bytes]],
+    ) -> None:
         if not rec.rollout_id or not rec.call_id:
             raise InvalidArgument("call record without rollout_id or call_id", reason="BAD_CALL_RECORD")
         n = len(rec.completion_token_ids)
@@ -341,7 +350,7 @@ class SqlRepository:
                 reason="BAD_CALL_RECORD",
             )
         base = pending.get(rec.rollout_id) or self._bases.get(rec.rollout_id)
-        stored = tokens.encode(rec, base)
+        stored = tokens.encode(data if data is not None else rec.SerializeToString(), base)
         cur = self._x(
             "INSERT INTO calls (rollout_id, call_id, attempt, run_id, receive_time, base_call_id, base_attempt,"
             " prefix_len, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -360,14 +369,14 @@ class SqlRepository:
         if cur.rowcount:
             pending[rec.rollout_id] = (stored.key, stored.sequence)
 
-    def _load_calls(self, rollout_id: str) -> list[common_pb2.CallRecord]:
+    def _load_calls(self, rollout_id: str) -> list[wire.CallView]:
         rows = self._x(
             "SELECT data, base_call_id, base_attempt, prefix_len FROM calls WHERE rollout_id = ? ORDER BY seq",
             (rollout_id,),
         ).fetchall()
-        decoded = tokens.decode((bytes(d), (bc, ba) if bc is not None else None, pl) for d, bc, ba, pl in rows)
-        decoded.sort(key=lambda c: (c.receive_time.ToNanoseconds(), c.call_id, c.attempt))
-        return decoded
+        views = tokens.decode((bytes(d), (bc, ba) if bc is not None else None, pl) for d, bc, ba, pl in rows)
+        views.sort(key=lambda v: (v.receive_ns, v.call_id, v.attempt))
+        return views
 
     def _maybe_assemble(self, rollout_id: str) -> str | None:
         row = self._x(
@@ -390,10 +399,10 @@ class SqlRepository:
         rollout = common_pb2.Rollout.FromString(bytes(data))
         samples = assemble(rollout, self._load_calls(rollout_id))
         self._x("DELETE FROM samples WHERE rollout_id = ?", (rollout_id,))
-        for s in samples:
+        for index, sample in enumerate(samples):
             self._x(
                 "INSERT INTO samples (rollout_id, idx, run_id, data) VALUES (?, ?, ?, ?)",
-                (rollout_id, s.index, run_id, s.SerializeToString()),
+                (rollout_id, index, run_id, sample),
             )
         self._x("UPDATE rollouts SET assembled = 1 WHERE rollout_id = ?", (rollout_id,))
         log.info("rollout.assembled", rollout_id=rollout_id, samples=len(samples), calls=distinct)
@@ -462,10 +471,15 @@ class SqlRepository:
         next_token = PageCursor(rows[limit - 1][1], rows[limit - 1][2]).encode() if len(rows) > limit else ""
         return page, next_token
 
+    def call_views(self, rollout_id: str) -> list[wire.CallView]:
+        """Every attempt of every call as full serialized records (tokens left packed), in receive order."""
+        with self._lock:
+            return self._load_calls(rollout_id)
+
     def calls(self, rollout_id: str) -> list[common_pb2.CallRecord]:
         """Every attempt of every call, in receive order. Raises NotFound if nothing is known of the rollout."""
         with self._lock:
-            calls = self._load_calls(rollout_id)
+            calls = [common_pb2.CallRecord.FromString(v.data) for v in self._load_calls(rollout_id)]
             if not calls and self._x("SELECT 1 FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone() is None:
                 raise NotFound(f"no rollout {rollout_id!r}", metadata={"rollout_id": rollout_id})
         return calls
@@ -588,6 +602,14 @@ class SqlRepository:
         for run_id in runs:
             log.info("retention.deleted_run", run_id=run_id)
         return runs
+
+
+def _record_bytes(event: bytes) -> bytes:
+    """The serialized ``CallRecord`` inside a serialized ``CallRecorded`` (its field 2)."""
+    for num, wt, start, end in wire.fields(event):
+        if num == 2 and wt == wire.LEN:
+            return event[start:end]
+    return b""
 
 
 class _ExplicitTx:
