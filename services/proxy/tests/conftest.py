@@ -23,9 +23,8 @@ from openforge_proxy.domain.record import CallRecordData
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.sessions import Limits, SessionRegistry
 from openforge_proxy.http.server import HttpServer
+from openforge_testing.captures import CAPTURES
 from openforge_testing.fakes import ScriptedInferenceServer, build_fake_model_dir
-
-CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "cases" / "harness-captures"
 
 
 class ListRecorder:

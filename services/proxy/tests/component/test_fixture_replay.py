@@ -29,7 +29,6 @@ are skipped (named in the output).
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 from pathlib import Path
@@ -37,141 +36,10 @@ from typing import Any
 
 import pytest
 
-from openforge_testing.fakes import ScriptedInferenceServer, final_text, tool_call_text
+from openforge_testing.captures import captured_events, completion_for, headers_of, load_run
+from openforge_testing.fakes import ScriptedInferenceServer
 
-_DROP_HEADERS = {"host", "content-length", "x-api-key", "authorization", "connection", "accept-encoding"}
 _REASONING = "**Planning** I will run a shell command."
-
-
-def _runs(root: Path) -> list[Path]:
-    return sorted(p for p in root.glob("*/*") if p.is_dir())
-
-
-def _pointer(doc: Any, path: str) -> tuple[Any, str | int]:
-    parts = [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")]
-    for p in parts[:-1]:
-        doc = doc[int(p)] if isinstance(doc, list) else doc[p]
-    last: str | int = int(parts[-1]) if isinstance(doc, list) else parts[-1]
-    return doc, last
-
-
-def _apply(body: Any, diff: list[dict[str, Any]]) -> Any | None:
-    out = copy.deepcopy(body)
-    for op in diff:
-        new = op.get("new")
-        if isinstance(new, dict) and "_truncated_json" in new:
-            return None
-        parent, key = _pointer(out, op["path"])
-        if op["op"] == "add" and isinstance(parent, list):
-            assert isinstance(key, int)
-            parent.insert(key, new)
-        elif op["op"] == "remove":
-            del parent[key]
-        else:
-            parent[key] = new
-    return out
-
-
-def load_run(run: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """The run's request files with a rebuilt ``body``, and the names of those that cannot be rebuilt."""
-    files = sorted(run.glob("0*.json"))
-    docs = [json.loads(f.read_text()) for f in files]
-    first = docs[0]["body"]
-    out: list[dict[str, Any]] = []
-    skipped: list[str] = []
-    for f, d in zip(files, docs, strict=True):
-        if d.get("body") is not None:
-            body = d["body"]
-        elif "body_same_as" in d:
-            body = first
-        else:
-            body = _apply(first, d.get("body_diff_vs_first") or [])
-        if body is None:
-            skipped.append(f"{run.parent.name}/{run.name}/{f.name}")
-            continue
-        out.append({**d, "body": body})
-    # What the harness got (and so sends back later): read from the captured answer; a
-    # fault-injected request gets what the request answered after it got.
-    for d in out:
-        d["plan"] = answered(d)
-    for i, d in enumerate(out):
-        if d["plan"] is None:
-            d["plan"] = next((e["plan"] for e in out[i + 1 :] if e["plan"]), {"type": "text", "text": "OK."})
-    return out, skipped
-
-
-def answered(d: dict[str, Any]) -> dict[str, Any] | None:
-    """The visible answer of a captured normal response: text and at most one tool call."""
-    resp = d["response"]
-    if d["fault_injected"] is not None or resp["status"] != 200:
-        return None
-    plan = d.get("plan") or {}
-    thinking = bool(plan.get("thinking"))
-    text = ""
-    call: tuple[str, Any] | None = None
-    path = d["path"]
-    if isinstance(resp["transcript"], dict):
-        obj = resp["transcript"]
-        if "/messages" in path:
-            for b in obj["content"]:
-                if b["type"] == "text":
-                    text += b["text"]
-                elif b["type"] == "tool_use":
-                    call = (b["name"], b["input"])
-        elif "/responses" in path:
-            for item in obj["output"]:
-                if item["type"] == "message":
-                    text += "".join(p["text"] for p in item["content"])
-                elif item["type"] == "function_call":
-                    call = (item["name"], json.loads(item["arguments"]))
-        else:
-            msg = obj["choices"][0]["message"]
-            text = msg.get("content") or ""
-            for tc in msg.get("tool_calls") or []:
-                call = (tc["function"]["name"], json.loads(tc["function"]["arguments"]))
-    else:
-        for name, data in _captured_events(d):
-            if not isinstance(data, dict):
-                continue
-            if name == "content_block_delta" and data["delta"]["type"] == "text_delta":
-                text += data["delta"]["text"]
-            elif name == "content_block_start" and data["content_block"]["type"] == "tool_use":
-                call = (data["content_block"]["name"], None)
-            elif name == "response.output_text.done":
-                text += data["text"]
-            elif name == "response.output_item.done" and data["item"]["type"] == "function_call":
-                call = (data["item"]["name"], json.loads(data["item"]["arguments"]))
-            elif name == "response.output_item.done" and data["item"]["type"] == "custom_tool_call":
-                call = ("custom:" + data["item"]["name"], data["item"]["input"])
-            elif name is None and data.get("choices"):
-                delta = data["choices"][0]["delta"]
-                text += delta.get("content") or ""
-                for tc in delta.get("tool_calls") or []:
-                    if "id" in tc:
-                        call = (tc["function"]["name"], None)
-    if call is not None and call[1] is None:
-        call = (call[0], plan["args"])  # streamed arguments: the plan holds them whole
-    if call is None:
-        return {"type": "text", "text": text, "thinking": thinking}
-    return {"type": "tool", "name": call[0], "args": call[1], "text": text, "thinking": thinking}
-
-
-def completion_for(plan: dict[str, Any]) -> str:
-    """The completion text the fake engine samples for a capture plan."""
-    reasoning = _REASONING if plan.get("thinking") else None
-    if plan["type"] == "text":
-        return final_text(plan["text"], reasoning=reasoning)
-    name = plan["name"]
-    args = plan["args"]
-    if name.startswith("custom:"):
-        return tool_call_text(name.split(":", 1)[1], {"input": args}, text=plan.get("text", ""), reasoning=reasoning)
-    return tool_call_text(name, args, text=plan.get("text", ""), reasoning=reasoning)
-
-
-def _headers(d: dict[str, Any]) -> tuple[dict[str, str], bool]:
-    h = {k: v for k, v in d["headers"].items() if k.lower() not in _DROP_HEADERS}
-    bearer = any(k.lower() == "authorization" for k in d["headers"])
-    return h, bearer
 
 
 # --- what each client accepted --------------------------------------------------------------
@@ -269,23 +137,6 @@ def _event_keys(events: list[tuple[str | None, Any]]) -> dict[str, set[str]]:
     return out
 
 
-def _captured_events(d: dict[str, Any]) -> list[tuple[str | None, Any]]:
-    out: list[tuple[str | None, Any]] = []
-    for raw in d["response"]["transcript"]:
-        event = None
-        data: Any = None
-        for line in raw.strip("\n").split("\n"):
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: "):
-                try:
-                    data = json.loads(line[6:])
-                except json.JSONDecodeError:
-                    data = line[6:]
-        out.append((event, data))
-    return out
-
-
 def check_reply(d: dict[str, Any], reply: Any) -> None:
     """Asserts the reply is structurally what this client accepted and says what the plan says."""
     body = d["body"]
@@ -299,7 +150,7 @@ def check_reply(d: dict[str, Any], reply: Any) -> None:
         events = reply.events()
         if normal_capture:
             ours = _event_keys(events)
-            theirs = _event_keys(_captured_events(d))
+            theirs = _event_keys(captured_events(d))
             for name, keys in ours.items():
                 if name in theirs:
                     assert keys == theirs[name], (name, keys ^ theirs[name])
@@ -404,7 +255,7 @@ async def test_replay_run(run_name: str, captures: Path, model_dir: Path, start_
         key = proxy.session("rollout-" + run_name.replace("/", "-"))
         bodies: list[str] = []
         for d in docs:
-            headers, bearer = _headers(d)
+            headers, bearer = headers_of(d)
             reply = await proxy.post(d["path"], d["body"], key=key, bearer=bearer, headers=headers)
             check_reply(d, reply)
             bodies.append(json.dumps(d["body"], sort_keys=True))

@@ -180,3 +180,19 @@ def test_sqlite_file_is_owner_only(tmp_path: Path) -> None:
     for f in (tmp_path / "private").iterdir():
         assert stat.S_IMODE(os.stat(f).st_mode) == 0o600, f.name
     r.close()
+
+
+def test_run_manifest_is_kept(repo: SqlRepository) -> None:
+    manifest = common_pb2.RunManifest(
+        run_id="run",
+        harness="codex",
+        harness_version="0.171.0",
+        tokenizer_hash="sha256:ab",
+        parsers=["hermes"],
+        sandbox_image_digest="sha256:cd",
+    )
+    event = orch.RunRegistered(event_id="run/run", manifest=manifest)
+    repo.ingest([("run/run", event)])
+    repo.ingest([("run/run", event)])
+    assert repo.run_manifest("run") == manifest
+    assert repo.run_manifest("other") is None
