@@ -18,13 +18,18 @@ TYPED_TESTS := $(wildcard libs/*/tests services/*/tests) tests
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
 
-$(STAMP): uv.lock package-lock.json pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
+# --inexact: the heavy ML stack below is installed with pip into the same venv, and an exact
+# uv sync would remove it.
+$(STAMP): uv.lock package-lock.json pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml) \
+		requirements/inference-cpu.txt
 	@$(UV) --version 2>/dev/null | grep -q "$(UV_VERSION)" || $(PYTHON) -m pip install -q "uv==$(UV_VERSION)"
 	$(UV) sync --frozen --all-packages --inexact
+	$(BIN)/python -m ensurepip --default-pip > /dev/null
+	$(BIN)/python -m pip install -q --no-deps -r requirements/inference-cpu.txt
 	npm ci --no-audit --no-fund
 	@touch $@
 
-setup: $(STAMP) ## Install everything pinned in uv.lock and package-lock.json into .venv and node_modules
+setup: $(STAMP) ## Install everything pinned (uv.lock, requirements/*.txt, package-lock.json) into .venv and node_modules
 
 lint: setup ## ruff (lint + format check) and buf lint
 	$(BIN)/ruff check .

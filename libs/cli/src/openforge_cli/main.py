@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from openforge_cli import local
+from openforge_cli.model import model
 
 STATE_DIR_HELP = "Folder for logs, NATS data and the process list."
 
@@ -111,6 +112,8 @@ def status(state_dir: Path) -> None:
         healthy = healthy and alive and health in ("SERVING", "RUNNING")
     sys.exit(0 if healthy else 1)
 
+
+main.add_command(model)
 
 if __name__ == "__main__":
     main()

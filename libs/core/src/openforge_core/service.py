@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 import grpc
 import structlog
@@ -39,23 +39,55 @@ class App(Protocol):
         """Releases everything ``start`` acquired."""
 
 
-async def serve(settings: ServiceSettings, app: App, stop: asyncio.Event) -> None:
+@runtime_checkable
+class HealthReporting(Protocol):
+    """An app that can say whether it is able to serve (an engine up, a connection alive)."""
+
+    async def healthy(self) -> bool:
+        """Whether the service can serve now."""
+
+
+async def _watch_health(server: GrpcServer, app: HealthReporting, interval_s: float) -> None:
+    serving = True
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            ok = await app.healthy()
+        except Exception:
+            log.exception("health.check_failed")
+            ok = False
+        if ok != serving:
+            serving = ok
+            await server.set_serving(ok)
+
+
+async def serve(settings: ServiceSettings, app: App, stop: asyncio.Event, health_check_s: float = 5.0) -> None:
     """Serves ``app`` until ``stop`` is set, then shuts down gracefully.
+
+    Health turns SERVING once ``app.start()`` returned; for an app that is also
+    :class:`HealthReporting` it then follows ``app.healthy()`` (checked every
+    ``health_check_s`` seconds): NOT_SERVING while it is false.
 
     Args:
         settings: The service's settings (gRPC bind address and grace period).
         app: The composition root.
         stop: Set it to begin shutdown (the signal handlers do).
+        health_check_s: Seconds between health checks.
     """
     server = GrpcServer(settings.grpc, app.service_names, [app.register])
     await server.start()
+    watcher: asyncio.Task[None] | None = None
     try:
         await app.start()
         await server.set_serving(True)
         log.info("service.ready", port=server.port)
+        if isinstance(app, HealthReporting):
+            watcher = asyncio.create_task(_watch_health(server, app, health_check_s))
         await stop.wait()
         log.info("service.stopping")
     finally:
+        if watcher is not None:
+            watcher.cancel()
         await server.stop()
         await app.close()
     log.info("service.stopped")
@@ -78,7 +110,7 @@ def run_service(settings_cls: type[S], build_app: Callable[[S], App]) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         install_signal_handlers(stop)
-        await serve(settings, build_app(settings), stop)
+        await serve(settings, build_app(settings), stop, getattr(settings, "health_check_s", 5.0))
 
     try:
         asyncio.run(main())

@@ -2,37 +2,76 @@
 
 from __future__ import annotations
 
+import uuid
+
 import grpc
 import structlog
+from google.protobuf.timestamp_pb2 import Timestamp
 
-from openforge.inference.v1 import inference_pb2, inference_pb2_grpc
-from openforge_inference.domain.model_dir import read_model_dir
+from openforge.inference.v1 import events_pb2, inference_pb2, inference_pb2_grpc
+from openforge_core.events import EventBus, subject_for
+from openforge_inference.engines import create_engine
+from openforge_inference.engines.base import Engine, EngineConfig
 from openforge_inference.servicer import InferenceServicer
 from openforge_inference.settings import InferenceSettings
 
 log = structlog.get_logger(__name__)
 
+WEIGHTS_LOADED = subject_for("inference", "weights_loaded")
+
 
 class InferenceApp:
-    """Reads the configured model directory at start; ready once it is read."""
+    """Builds the engine chosen by settings (imported lazily) and the event publisher.
+
+    Ready once NATS is connected and the model is loaded (or no model is configured);
+    health follows :meth:`healthy` afterwards.
+    """
 
     def __init__(self, settings: InferenceSettings) -> None:
         self.service_names = [inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name]
         self.settings = settings
-        path = settings.model_path
-        name = settings.model_name or (path.name if path is not None else "")
-        self.servicer = InferenceServicer(name, settings.engine)
+        self.events = EventBus(settings.nats)
+        self.engine: Engine | None = None
+        if settings.model_path is not None:
+            self.engine = create_engine(
+                settings.engine,
+                EngineConfig(
+                    model_path=settings.model_path,
+                    model_name=settings.model_name,
+                    max_model_len=settings.max_model_len,
+                    max_num_seqs=settings.max_num_seqs,
+                    seed=settings.seed,
+                    kv_cache_gib=settings.kv_cache_gib,
+                    threads=settings.threads,
+                ),
+            )
+        self.servicer = InferenceServicer(self.engine, self._weights_loaded)
 
     def register(self, server: grpc.aio.Server) -> None:
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(self.servicer, server)
 
     async def start(self) -> None:
-        path = self.settings.model_path
-        if path is None:
+        await self.events.connect()
+        await self.events.ensure_stream("inference")
+        if self.engine is None:
             log.warning("model.none_configured")
             return
-        self.servicer.model = read_model_dir(path)
-        log.info("model.described", path=str(path), vocab_size=self.servicer.model.vocab_size)
+        await self.engine.start()
+        info = await self.engine.model_info()
+        log.info("model.loaded", engine=info.engine, path=info.model_path, vocab_size=info.vocab_size)
+
+    async def healthy(self) -> bool:
+        """NATS connected and, when a model is configured, the engine able to generate."""
+        return self.events.connected and (self.engine is None or await self.engine.healthy())
+
+    async def _weights_loaded(self, uri: str, version: int, checksum: str) -> None:
+        now = Timestamp()
+        now.GetCurrentTime()
+        event_id = f"weights/{version}/{uuid.uuid4().hex[:8]}"
+        event = events_pb2.WeightsLoaded(event_id=event_id, version=version, uri=uri, checksum=checksum, load_time=now)
+        await self.events.publish(WEIGHTS_LOADED, event, event_id=event_id)
 
     async def close(self) -> None:
-        return None
+        if self.engine is not None:
+            await self.engine.close()
+        await self.events.close()

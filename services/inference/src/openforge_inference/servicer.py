@@ -1,89 +1,181 @@
 """``openforge.inference.v1.InferenceService``: proto ↔ domain translation only.
 
-Generate, Abort, Pause, Resume and UpdateWeights answer UNIMPLEMENTED until an
-engine is wired in; GetModelInfo describes the configured model directory.
+Engine errors carry their own gRPC code (``engines.base``: INVALID_ARGUMENT for a bad request or
+checkpoint, ALREADY_EXISTS for a duplicate request id, FAILED_PRECONDITION for a too-old policy,
+DATA_LOSS for a checksum mismatch, UNAVAILABLE when the engine is down), mapped by the shared
+interceptor.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.duration_pb2 import Duration
 
+from openforge.common.v1 import common_pb2
 from openforge.inference.v1 import inference_pb2, inference_pb2_grpc
-from openforge_core.errors import FailedPrecondition
-from openforge_inference.domain.model_dir import ModelDirInfo
+from openforge_core.errors import FailedPrecondition, Unavailable
+from openforge_inference.engines.base import (
+    Engine,
+    FinishReason,
+    GenerateDelta,
+    GenerateRequest,
+    ModelInfo,
+    SamplingOptions,
+)
+
+_FINISH = {
+    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: common_pb2.FINISH_REASON_ABORT,
+    FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
+}
+#: UpdateWeights answers remembered for idempotent retries (by request_id).
+_UPDATE_MEMORY = 256
+
+WeightsListener = Callable[[str, int, str], Awaitable[None]]
+
+
+def sampling_options(p: common_pb2.SamplingParams) -> SamplingOptions:
+    """``SamplingParams`` → engine options (unset optional fields stay None = engine default)."""
+    return SamplingOptions(
+        max_tokens=p.max_tokens,
+        temperature=p.temperature if p.HasField("temperature") else None,
+        top_p=p.top_p if p.HasField("top_p") else None,
+        top_k=p.top_k if p.HasField("top_k") else None,
+        stop_token_ids=tuple(p.stop_token_ids),
+        seed=p.seed if p.HasField("seed") else None,
+        top_logprobs=p.top_logprobs,
+    )
+
+
+def delta_to_proto(d: GenerateDelta) -> inference_pb2.GenerateResponse:
+    """Engine delta → ``GenerateResponse``."""
+    msg = inference_pb2.GenerateResponse(
+        token_ids=d.token_ids,
+        logprobs=d.logprobs,
+        policy_versions=d.policy_versions,
+        top_logprobs=[inference_pb2.TopLogprobs(token_ids=t.token_ids, logprobs=t.logprobs) for t in d.top_logprobs],
+    )
+    if d.finish_reason is not None:
+        msg.finish_reason = _FINISH[d.finish_reason]
+    if d.usage is not None:
+        msg.usage.prompt_tokens = d.usage.prompt_tokens
+        msg.usage.completion_tokens = d.usage.completion_tokens
+    return msg
+
+
+def model_info_to_proto(m: ModelInfo) -> inference_pb2.GetModelInfoResponse:
+    """Engine model info → ``GetModelInfoResponse``."""
+    return inference_pb2.GetModelInfoResponse(
+        model_path=m.model_path,
+        model_name=m.model_name,
+        vocab_size=m.vocab_size,
+        context_length=m.context_length,
+        tokenizer_hash=m.tokenizer_hash,
+        chat_template_hash=m.chat_template_hash,
+        chat_template=m.chat_template,
+        policy_version=m.policy_version,
+        engine=m.engine,
+        eos_token_ids=list(m.eos_token_ids),
+    )
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
-    """The inference API over one model.
+    """The inference API over one engine.
 
     Args:
-        model_name: Name harnesses use for the model.
-        engine: Engine name as configured.
-
-    Attributes:
-        model: Metadata of the served model directory, set once it is read;
-            None when no model is configured.
+        engine: The engine, or None when no model is configured.
+        on_weights: Called after new weights serve (uri, version, checksum), e.g. to publish
+            ``WeightsLoaded``.
     """
 
-    def __init__(self, model_name: str, engine: str) -> None:
-        self.model: ModelDirInfo | None = None
-        self._model_name = model_name
+    def __init__(self, engine: Engine | None, on_weights: WeightsListener | None = None) -> None:
         self._engine = engine
-        self._policy_version = 0
+        self._on_weights = on_weights
+        self._updates: OrderedDict[str, inference_pb2.UpdateWeightsResponse] = OrderedDict()
+
+    def _require(self) -> Engine:
+        if self._engine is None:
+            raise Unavailable(
+                "no model is configured (set OPENFORGE_MODEL_PATH to an HF model directory)", reason="NO_MODEL"
+            )
+        return self._engine
 
     async def GetModelInfo(
         self, request: inference_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> inference_pb2.GetModelInfoResponse:
         """Describes the served model. Errors: FAILED_PRECONDITION when no model is configured."""
-        m = self.model
-        if m is None:
+        if self._engine is None:
             raise FailedPrecondition(
-                "no model is configured (set OPENFORGE_MODEL_PATH to an HF model directory)",
-                reason="NO_MODEL",
+                "no model is configured (set OPENFORGE_MODEL_PATH to an HF model directory)", reason="NO_MODEL"
             )
-        return inference_pb2.GetModelInfoResponse(
-            model_path=str(m.path),
-            model_name=self._model_name,
-            vocab_size=m.vocab_size,
-            context_length=m.context_length,
-            tokenizer_hash=m.tokenizer_hash,
-            chat_template_hash=m.chat_template_hash,
-            chat_template=m.chat_template,
-            policy_version=self._policy_version,
-            engine=self._engine,
-            eos_token_ids=list(m.eos_token_ids),
-        )
+        return model_info_to_proto(await self._engine.model_info())
 
     async def Generate(
         self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        """Not built yet: answers UNIMPLEMENTED (no engine wired in)."""
-        raise NotImplementedError
-        yield  # an async generator, as the streaming handler expects
+        """Streams a completion as deltas; the last carries finish reason and usage.
+
+        Errors: INVALID_ARGUMENT, ALREADY_EXISTS, FAILED_PRECONDITION, UNAVAILABLE (see the proto).
+        A client that goes away aborts the generation.
+        """
+        engine = self._require()
+        req = GenerateRequest(
+            request_id=request.request_id or f"gen-{uuid.uuid4().hex}",
+            prompt_token_ids=request.prompt_token_ids,
+            sampling=sampling_options(request.sampling),
+            min_policy_version=request.min_policy_version,
+        )
+        stream = engine.generate(req)
+        try:
+            async for delta in stream:
+                yield delta_to_proto(delta)
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
 
     async def Abort(
         self, request: inference_pb2.AbortRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> inference_pb2.AbortResponse:
-        """Not built yet: answers UNIMPLEMENTED."""
-        raise NotImplementedError
+        """Aborts an in-flight generation; idempotent."""
+        return inference_pb2.AbortResponse(found=await self._require().abort(request.request_id))
 
     async def Pause(
         self, request: inference_pb2.PauseRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> inference_pb2.PauseResponse:
-        """Not built yet: answers UNIMPLEMENTED."""
-        raise NotImplementedError
+        """Stops scheduling; in-flight requests wait. Idempotent."""
+        return inference_pb2.PauseResponse(in_flight=await self._require().pause())
 
     async def Resume(
         self, request: inference_pb2.ResumeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> inference_pb2.ResumeResponse:
-        """Not built yet: answers UNIMPLEMENTED."""
-        raise NotImplementedError
+        """Resumes scheduling. Idempotent."""
+        await self._require().resume()
+        return inference_pb2.ResumeResponse()
 
     async def UpdateWeights(
         self, request: inference_pb2.UpdateWeightsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> inference_pb2.UpdateWeightsResponse:
-        """Not built yet: answers UNIMPLEMENTED."""
-        raise NotImplementedError
+        """Loads new weights in place; idempotent per request_id and per (version, checksum).
+
+        Errors: INVALID_ARGUMENT (bad checkpoint or version), DATA_LOSS (checksum), UNAVAILABLE.
+        """
+        engine = self._require()
+        if request.request_id and request.request_id in self._updates:
+            return self._updates[request.request_id]
+        took = await engine.update_weights(request.uri, request.version, request.checksum)
+        info = await engine.model_info()
+        load_time = Duration()
+        load_time.FromTimedelta(took)
+        resp = inference_pb2.UpdateWeightsResponse(version=info.policy_version, load_time=load_time)
+        if request.request_id:
+            self._updates[request.request_id] = resp
+            while len(self._updates) > _UPDATE_MEMORY:
+                self._updates.popitem(last=False)
+        if self._on_weights is not None and took.total_seconds() > 0:
+            await self._on_weights(request.uri, info.policy_version, request.checksum)
+        return resp

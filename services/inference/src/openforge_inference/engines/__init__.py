@@ -1,0 +1,45 @@
+"""Generation engines behind one :class:`~openforge_inference.engines.base.Engine` protocol, with a
+lazy name → implementation registry: the heavy module (vllm, transformers/torch) is imported only
+when its engine is created."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Final
+
+from openforge_inference.engines.base import Engine, EngineConfig
+
+__all__ = ["ENGINE_NAMES", "create_engine"]
+
+_REGISTRY: Final[dict[str, str]] = {
+    "vllm": "openforge_inference.engines.vllm_engine:VllmEngine",
+    "transformers": "openforge_inference.engines.transformers_engine:TransformersEngine",
+}
+
+#: Engine names :func:`create_engine` accepts.
+ENGINE_NAMES: Final[tuple[str, ...]] = tuple(sorted(_REGISTRY))
+
+
+def create_engine(name: str, config: EngineConfig) -> Engine:
+    """Builds (does not start) the engine registered under ``name``.
+
+    Args:
+        name: ``"vllm"`` or ``"transformers"``.
+        config: Model path and engine options.
+
+    Returns:
+        The engine; call ``await engine.start()`` before serving.
+
+    Raises:
+        ValueError: Unknown engine name.
+        ImportError: The engine's libraries are not installed
+            (see requirements/inference-cpu.txt).
+    """
+    try:
+        target = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown engine {name!r}; expected one of {ENGINE_NAMES}") from None
+    module_name, _, class_name = target.partition(":")
+    module = importlib.import_module(module_name)
+    engine: Engine = getattr(module, class_name)(config)
+    return engine

@@ -1,0 +1,552 @@
+"""Build a tiny random-init Qwen2-architecture model with a locally trained tokenizer.
+
+No model hub is ever contacted: the tokenizer is a byte-level BPE trained with ``tokenizers`` on a
+small corpus built into this module (chat, tool-use and code text, expanded deterministically
+from a seed), the weights are random, and everything is written with ``save_pretrained`` in HF
+safetensors format so that ``AutoModelForCausalLM.from_pretrained``,
+``AutoTokenizer.from_pretrained`` (including ``apply_chat_template`` with tools) and vLLM all
+load the directory like any real checkpoint.
+
+The tokenizer's length equals ``config.vocab_size`` exactly: whatever the BPE trainer does not
+fill is padded with ``<|reserved_N|>`` special tokens, so that every id a random model samples
+decodes (real Qwen checkpoints pad the embedding instead, which a trained model never samples
+from; a random one does).
+
+Run as ``python -m openforge_inference.tiny_model --size 10m --out DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Final, Literal
+
+import structlog
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "SIZES",
+    "SPECIAL_TOKENS",
+    "TinyModelSpec",
+    "build_tiny_model",
+    "main",
+    "perturb_checkpoint",
+]
+
+_log = structlog.get_logger()
+
+_EVENT_BUILT: Final = "tiny_model.built"
+
+TinySize = Literal["1m", "10m", "50m"]
+
+#: Special tokens, in id order (ids 0..8 of the vocabulary).
+SPECIAL_TOKENS: Final[tuple[str, ...]] = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "<tool_response>",
+    "</tool_response>",
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TinyModelSpec:
+    """Shape of one tiny model size (Qwen2 architecture, GQA, tied embeddings).
+
+    Attributes:
+        vocab_size: Embedding rows; the tokenizer is padded to exactly this length.
+        hidden_size: Model width.
+        intermediate_size: SwiGLU MLP width.
+        num_hidden_layers: Decoder layers.
+        num_attention_heads: Query heads (head_dim = hidden_size / heads = 64, a size the vLLM
+            CPU attention backend supports).
+        num_key_value_heads: Key/value heads (GQA).
+        max_position_embeddings: Context length in tokens (prompt + completion).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int = 32768
+
+
+#: The sizes ``build_tiny_model`` knows; the name is the approximate parameter count.
+SIZES: Final[dict[str, TinyModelSpec]] = {
+    # ~1.0M parameters: 2048*128 embedding + 4 layers of ~184k.
+    "1m": TinyModelSpec(2048, 128, 352, 4, 2, 1),
+    # ~9.5M parameters: 4096*384 embedding + 5 layers of ~1.6M.
+    "10m": TinyModelSpec(4096, 384, 1024, 5, 6, 2),
+    # ~48M parameters: 8192*640 embedding + 10 layers of ~4.3M.
+    "50m": TinyModelSpec(8192, 640, 1728, 10, 10, 2),
+}
+
+# Qwen2 pre-tokenization regex (digits split one by one, contractions, words, punctuation runs,
+# newlines, other whitespace).
+_SPLIT_PATTERN: Final = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+#: Qwen/Hermes-style chat template: system/user/assistant/tool roles, tool definitions, tool calls
+#: as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, and reasoning as
+#: ``<think>...</think>`` (from an assistant message's ``reasoning_content``). Reasoning is kept
+#: in every assistant turn, so a conversation's rendering always extends the previous one
+#: (token-exact splicing relies on that). ``enable_thinking=false`` pre-fills an empty think block
+#: in the generation prompt, as Qwen3 does.
+CHAT_TEMPLATE: Final = """\
+{%- macro render_content(content) -%}
+{%- if content is string -%}{{- content -}}
+{%- elif content is iterable and content is not mapping -%}
+{%- for part in content -%}{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}{%- endfor -%}
+{%- elif content is not none -%}{{- content | tojson -}}
+{%- endif -%}
+{%- endmacro -%}
+{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0].role == 'system' %}
+{{- render_content(messages[0].content) + '\\n\\n' }}
+{%- endif %}
+{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
+{{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
+{%- for tool in tools %}
+{{- '\\n' + (tool | tojson) }}
+{%- endfor %}
+{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and ' }}
+{{- 'arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' }}
+{{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\\n' + render_content(messages[0].content) + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{%- if not loop.first %}
+{{- '<|im_start|>system\\n' + render_content(message.content) + '<|im_end|>\\n' }}
+{%- endif %}
+{%- elif message.role == 'user' %}
+{{- '<|im_start|>user\\n' + render_content(message.content) + '<|im_end|>\\n' }}
+{%- elif message.role == 'assistant' %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if message.reasoning_content is defined and message.reasoning_content is not none %}
+{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}
+{%- endif %}
+{{- render_content(message.content) }}
+{%- if message.tool_calls is defined and message.tool_calls %}
+{%- for tool_call in message.tool_calls %}
+{%- set call = tool_call.function if tool_call.function is defined else tool_call %}
+{%- if (not loop.first) or (message.content is not none and message.content) %}
+{{- '\\n' }}
+{%- endif %}
+{{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' }}
+{%- if call.arguments is string %}
+{{- call.arguments }}
+{%- else %}
+{{- call.arguments | tojson }}
+{%- endif %}
+{{- '}\\n</tool_call>' }}
+{%- endfor %}
+{%- endif %}
+{{- '<|im_end|>\\n' }}
+{%- elif message.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+{{- '<|im_start|>user' }}
+{%- endif %}
+{{- '\\n<tool_response>\\n' + render_content(message.content) + '\\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
+{{- '<|im_end|>\\n' }}
+{%- endif %}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}
+{{- '<think>\\n\\n</think>\\n\\n' }}
+{%- endif %}
+{%- endif %}
+"""
+
+# A small built-in corpus: chat turns, tool calls and results, reasoning, shell and code. It is
+# expanded deterministically (see _corpus) so the BPE trainer sees enough pair statistics.
+_SEED_TEXTS: Final[tuple[str, ...]] = (
+    "You are a helpful assistant. Answer the user's question accurately and concisely.",
+    "You are a coding agent working in a repository. Use the tools to read files, run tests "
+    "and edit code until the task is done.",
+    "Hello! How can I help you today?",
+    "Can you list the files in the current directory and tell me which one is the entry point?",
+    "I'll look at the directory first.",
+    '{"name": "bash", "arguments": {"command": "ls -la"}}',
+    '{"name": "read_file", "arguments": {"path": "src/main.py"}}',
+    '{"name": "write_file", "arguments": {"path": "README.md", "content": "# Project\\n"}}',
+    '{"name": "search", "arguments": {"query": "weather in Paris", "max_results": 5}}',
+    '{"type": "function", "function": {"name": "get_weather", "description": "Get the current '
+    'weather for a city.", "parameters": {"type": "object", "properties": {"city": {"type": '
+    '"string", "description": "City name"}, "unit": {"type": "string", "enum": ["celsius", '
+    '"fahrenheit"]}}, "required": ["city"]}}}',
+    "total 24\ndrwxr-xr-x 4 user user 4096 Jan 1 12:00 .\n-rw-r--r-- 1 user user 120 README.md\n"
+    "-rw-r--r-- 1 user user 2048 main.py\ndrwxr-xr-x 2 user user 4096 tests",
+    "The user wants the entry point. main.py defines a main function and is called from "
+    "__main__, so that is the entry point. Let me check the tests too.",
+    "All 12 tests passed in 0.41s.",
+    "FAILED tests/test_parser.py::test_empty_input - AssertionError: expected [] but got None",
+    "The failure comes from parse() returning None for an empty string; it should return an "
+    "empty list. I will fix the early return.",
+    "def parse(text: str) -> list[str]:\n    if not text:\n        return []\n"
+    "    return [line.strip() for line in text.splitlines() if line.strip()]\n",
+    "import json\nimport sys\n\n\ndef main() -> int:\n    data = json.load(sys.stdin)\n"
+    "    print(json.dumps(data, indent=2, sort_keys=True))\n    return 0\n\n\n"
+    'if __name__ == "__main__":\n    raise SystemExit(main())\n',
+    "class Counter:\n    def __init__(self) -> None:\n        self.value = 0\n\n"
+    "    def increment(self, step: int = 1) -> int:\n        self.value += step\n"
+    "        return self.value\n",
+    "function add(a, b) {\n  return a + b;\n}\nconsole.log(add(2, 3));\n",
+    "SELECT id, name, created_at FROM users WHERE active = 1 ORDER BY created_at DESC LIMIT 10;",
+    'git status\ngit diff --stat\ngit commit -m "Fix empty input handling in parser"',
+    "pip install -r requirements.txt && python -m pytest -q tests/",
+    "The weather in Paris is 18 degrees Celsius with light rain.",
+    "Sure. First, open the settings page. Then click on the account tab and choose a new "
+    "password. Finally, save your changes.",
+    "Here is a summary of the changes: the parser now returns an empty list for empty input, "
+    "and a regression test covers it.",
+    "Thinking about the problem step by step: the list is sorted, so binary search finds the "
+    "index in logarithmic time.",
+    "1 + 1 = 2. 12 * 12 = 144. The square root of 81 is 9. 2024-01-15T10:30:00Z",
+    "Error: file not found: config.yaml. Create it with default values and retry.",
+    "The function returns a dictionary mapping each word to the number of times it appears.",
+    "Please write a unit test for the tokenizer and run it.",
+)
+
+_WORDS: Final[tuple[str, ...]] = (
+    "the",
+    "a",
+    "an",
+    "of",
+    "to",
+    "in",
+    "and",
+    "or",
+    "is",
+    "are",
+    "was",
+    "be",
+    "it",
+    "this",
+    "that",
+    "with",
+    "for",
+    "on",
+    "as",
+    "at",
+    "by",
+    "from",
+    "not",
+    "can",
+    "will",
+    "should",
+    "file",
+    "files",
+    "test",
+    "tests",
+    "code",
+    "function",
+    "class",
+    "method",
+    "value",
+    "list",
+    "string",
+    "number",
+    "error",
+    "result",
+    "output",
+    "input",
+    "user",
+    "assistant",
+    "tool",
+    "call",
+    "response",
+    "request",
+    "model",
+    "token",
+    "tokens",
+    "server",
+    "client",
+    "data",
+    "read",
+    "write",
+    "run",
+    "check",
+    "fix",
+    "update",
+    "create",
+    "delete",
+    "search",
+    "open",
+    "return",
+    "import",
+    "print",
+    "parse",
+    "build",
+    "install",
+    "commit",
+    "branch",
+    "merge",
+    "directory",
+    "path",
+    "command",
+    "shell",
+    "python",
+    "config",
+    "settings",
+    "version",
+    "weather",
+    "city",
+    "temperature",
+    "answer",
+    "question",
+    "task",
+    "step",
+    "plan",
+    "first",
+    "then",
+    "next",
+    "finally",
+    "because",
+    "so",
+    "if",
+    "else",
+    "when",
+    "while",
+    "after",
+    "before",
+    "new",
+    "old",
+    "empty",
+    "missing",
+    "found",
+    "passed",
+    "failed",
+    "done",
+    "ready",
+)
+
+_NAMES: Final[tuple[str, ...]] = (
+    "bash",
+    "read_file",
+    "write_file",
+    "search",
+    "get_weather",
+    "list_dir",
+    "run_tests",
+    "edit",
+    "grep",
+    "browser_open",
+    "click",
+    "type_text",
+)
+
+
+def _corpus(seed: int) -> list[str]:
+    """Return the training corpus: the seed texts plus deterministic synthetic variations.
+
+    Args:
+        seed: Seed of the synthetic expansion.
+
+    Returns:
+        About 6,000 short documents (roughly 600 kB of text).
+    """
+    rng = random.Random(seed)
+    docs: list[str] = []
+    for _ in range(20):
+        docs.extend(_SEED_TEXTS)
+    for _ in range(3000):
+        n = rng.randint(6, 24)
+        words = [rng.choice(_WORDS) for _ in range(n)]
+        sentence = " ".join(words).capitalize() + rng.choice([".", "?", "!", ":"])
+        docs.append(sentence)
+    for i in range(1500):
+        name = rng.choice(_NAMES)
+        args = {rng.choice(_WORDS): rng.choice([rng.choice(_WORDS), rng.randint(0, 999)])}
+        call = json.dumps({"name": name, "arguments": args})
+        docs.append(f"<tool_call>\n{call}\n</tool_call>")
+        ident = "_".join(rng.choice(_WORDS) for _ in range(2))
+        docs.append(
+            f"def {ident}_{i % 97}(x: int, y: int) -> int:\n"
+            f"    # {rng.choice(_WORDS)} {rng.choice(_WORDS)}\n"
+            f"    return x {rng.choice('+-*')} y * {rng.randint(1, 9)}\n"
+        )
+    return docs
+
+
+def _train_tokenizer(vocab_size: int, seed: int) -> object:
+    """Train the byte-level BPE tokenizer, padded to exactly ``vocab_size`` tokens.
+
+    Args:
+        vocab_size: Final vocabulary size (special + learned + reserved padding tokens).
+        seed: Seed of the corpus expansion.
+
+    Returns:
+        A ``tokenizers.Tokenizer``.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_corpus(seed), trainer=trainer)
+    learned = tokenizer.get_vocab_size(with_added_tokens=True)
+    if learned < vocab_size:
+        tokenizer.add_special_tokens([f"<|reserved_{i}|>" for i in range(vocab_size - learned)])
+    return tokenizer
+
+
+def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0) -> Path:
+    """Build a random-init Qwen2 model and its tokenizer in ``out_dir``.
+
+    Writes ``config.json``, ``generation_config.json``, ``model.safetensors``,
+    ``tokenizer.json``, ``tokenizer_config.json`` and the chat template with
+    ``save_pretrained``. Deterministic for a given (size, seed) and library versions.
+
+    Args:
+        out_dir: Directory to write (created if missing; existing files are overwritten).
+        size: One of ``SIZES`` ("1m", "10m", "50m"): approximate parameter count.
+        seed: Seed for the weights (``torch.manual_seed``) and the tokenizer corpus.
+
+    Returns:
+        The output directory.
+
+    Raises:
+        ValueError: ``size`` is not one of ``SIZES``.
+    """
+    if size not in SIZES:
+        raise ValueError(f"unknown tiny model size {size!r}; expected one of {sorted(SIZES)}")
+    spec = SIZES[size]
+    import torch
+    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    raw_tokenizer = _train_tokenizer(spec.vocab_size, seed)
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=raw_tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
+        model_max_length=spec.max_position_embeddings,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    if len(tokenizer) != spec.vocab_size:
+        raise AssertionError(f"tokenizer has {len(tokenizer)} tokens, expected {spec.vocab_size}")
+
+    vocab = tokenizer.get_vocab()
+    eos_ids = [vocab["<|im_end|>"], vocab["<|endoftext|>"]]
+    config = Qwen2Config(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos_ids[0],
+        pad_token_id=eos_ids[1],
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
+    generation = GenerationConfig(  # type: ignore[no-untyped-call]
+        eos_token_id=eos_ids, pad_token_id=eos_ids[1], bos_token_id=None
+    )
+    model.generation_config = generation
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    n_params = sum(p.numel() for p in model.parameters())
+    _log.info(_EVENT_BUILT, path=str(out), size=size, seed=seed, parameters=n_params)
+    return out
+
+
+def perturb_checkpoint(src_dir: str | Path, out_dir: str | Path, seed: int = 1, scale: float = 0.05) -> Path:
+    """Write a copy of a model directory whose weights are shifted by Gaussian noise.
+
+    Stands in for a trainer's next checkpoint in tests and benchmarks: same tensor names,
+    shapes and dtypes, different values; the config and tokenizer files are copied as they are,
+    so the result loads with ``from_pretrained`` too.
+
+    Args:
+        src_dir: A model directory written by :func:`build_tiny_model` (or any HF safetensors
+            checkpoint).
+        out_dir: Directory to write (created if missing).
+        seed: Seed of the noise.
+        scale: Noise standard deviation relative to each tensor's own standard deviation.
+
+    Returns:
+        The output directory.
+    """
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src, out = Path(src_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    for path in sorted(src.iterdir()):
+        if path.suffix == ".safetensors":
+            tensors = load_file(str(path))
+            noisy = {}
+            for name, t in tensors.items():
+                std = float(t.float().std()) if t.numel() > 1 else 1.0
+                noise = torch.randn(t.shape, generator=generator) * (scale * (std or 1.0))
+                noisy[name] = (t.float() + noise).to(t.dtype).contiguous()
+            save_file(noisy, str(out / path.name), metadata={"format": "pt"})
+        elif path.is_file():
+            shutil.copy2(path, out / path.name)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point: ``python -m openforge_inference.tiny_model``.
+
+    Args:
+        argv: Arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        Process exit code (0 on success).
+    """
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--size", choices=sorted(SIZES), default="1m")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    path = build_tiny_model(args.out, size=args.size, seed=args.seed)
+    sys.stdout.write(f"{path}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
