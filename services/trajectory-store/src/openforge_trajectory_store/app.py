@@ -43,6 +43,7 @@ class StoreApp:
     async def start(self) -> None:
         await asyncio.to_thread(self.repo.open)
         await self.events.connect()
+        await self.events.ensure_stream("trajectory")  # GroupCompleted and dead letters go there
         await self.ingestor.start(self.settings.consumer_name, self.settings.ingest_batch)
         if self.settings.store.retention_days > 0:
             self._retention = asyncio.create_task(self._retention_loop())
