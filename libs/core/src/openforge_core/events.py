@@ -256,7 +256,7 @@ class EventBus:
             log.info("nats.consumer_started", durable=name, subject=subject)
 
     async def close(self) -> None:
-        """Stops consumers and drains the connection (pending publishes are flushed)."""
+        """Stops consumers and closes the connection (every publish was already acknowledged)."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -264,7 +264,9 @@ class EventBus:
                 await task
         self._tasks.clear()
         if self._nc is not None and not self._nc.is_closed:
-            await self._nc.drain()
+            # close, not drain: every publish already waited for JetStream's ack, and draining
+            # pull subscriptions with fetches outstanding can stall shutdown for its whole timeout.
+            await self._nc.close()
         self._nc = None
         self._js = None
 

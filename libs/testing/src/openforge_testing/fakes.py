@@ -185,7 +185,7 @@ _WORDS = (
 ).split()
 
 
-def _corpus(seed: int) -> list[str]:
+def _corpus(seed: int, extra: Sequence[str] = ()) -> list[str]:
     rng = random.Random(seed)
     docs = [
         '{"name": "Bash", "arguments": {"command": "echo hello-from-harness > hello.txt && cat hello.txt"}}',
@@ -197,15 +197,20 @@ def _corpus(seed: int) -> list[str]:
     ] * 30
     for _ in range(1500):
         docs.append(" ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 20))) + rng.choice(".?!:\n"))
+    docs.extend(extra)
     return docs
 
 
-def build_fake_tokenizer(vocab_size: int = 1024, seed: int = 0) -> Any:
+def build_fake_tokenizer(vocab_size: int = 1024, seed: int = 0, corpus: Sequence[str] = ()) -> Any:
     """A byte-level BPE ``tokenizers.Tokenizer`` trained locally (Qwen2-style pre-tokenization).
 
     Args:
-        vocab_size: Target vocabulary size (special tokens included).
+        vocab_size: Target vocabulary size (special tokens included); reached
+            only if the corpus has that many merges (pass ``corpus`` for a
+            large one).
         seed: Seed of the synthetic corpus.
+        corpus: Extra training texts (e.g. real request bodies, for a tokenizer
+            that splits them about as a production one does).
 
     Returns:
         The ``tokenizers.Tokenizer``.
@@ -227,23 +232,32 @@ def build_fake_tokenizer(vocab_size: int = 1024, seed: int = 0) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    tok.train_from_iterator(_corpus(seed, corpus), trainer=trainer)
     return tok
 
 
-def build_fake_model_dir(out_dir: Path, *, template: str = "hermes", context_length: int = 131072) -> Path:
+def build_fake_model_dir(
+    out_dir: Path,
+    *,
+    template: str = "hermes",
+    context_length: int = 131072,
+    vocab_size: int = 1024,
+    corpus: Sequence[str] = (),
+) -> Path:
     """Writes a fake model directory (tokenizer and chat template, no weights).
 
     Args:
         out_dir: Directory to write (created).
         template: ``hermes`` or ``qwen3`` (see the module docstring).
         context_length: ``max_position_embeddings`` written to ``config.json``.
+        vocab_size: Target vocabulary size of the fake tokenizer.
+        corpus: Extra tokenizer training texts (see :func:`build_fake_tokenizer`).
 
     Returns:
         ``out_dir``.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok = build_fake_tokenizer()
+    tok = build_fake_tokenizer(vocab_size, corpus=corpus)
     tok.save(str(out_dir / "tokenizer.json"))
     vocab = tok.get_vocab_size(with_added_tokens=True)
     (out_dir / "config.json").write_text(
@@ -311,6 +325,8 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
         tokens_per_message: Token ids per streamed message.
         token_delay_s: Sleep between streamed messages, seconds.
         model_name: Reported model name.
+        keep_requests: Record each request in :attr:`seen` (off in benchmarks,
+            where it would hold every prompt).
     """
 
     def __init__(
@@ -323,6 +339,7 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
         tokens_per_message: int = 1,
         token_delay_s: float = 0.0,
         model_name: str = "fake-model",
+        keep_requests: bool = True,
     ) -> None:
         from tokenizers import Tokenizer
 
@@ -334,6 +351,7 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
         self.tokens_per_message = tokens_per_message
         self.token_delay_s = token_delay_s
         self.model_name = model_name
+        self.keep_requests = keep_requests
         self.seen: list[SeenRequest] = []
         self.fail_next: list[grpc.StatusCode] = []
         self.fail_after_tokens: int | None = None
@@ -391,7 +409,8 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
             await context.abort(code, "fake inference failure")
         prompt = list(request.prompt_token_ids)
         seen = SeenRequest(request.request_id, prompt, request.sampling)
-        self.seen.append(seen)
+        if self.keep_requests:
+            self.seen.append(seen)
         if self._queue:
             text = self._queue.popleft()
         elif self._default is not None:

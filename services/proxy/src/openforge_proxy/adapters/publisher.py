@@ -3,11 +3,20 @@
 The event id (``Nats-Msg-Id``) is ``<rollout_id>/<call_id>/<attempt>``, so a
 re-publish is de-duplicated by JetStream and by the store. The proxy keeps no
 copy: once JetStream acknowledged it, the record's memory is released.
+
+The event is serialized here: the record without its prompt ids goes through
+protobuf, the prompt's packed encoding is appended as ``prompt_token_ids``
+(field 8), and the record is wrapped as ``CallRecorded.record`` (field 2) by
+hand, so the prompt is never converted id by id (a valid encoding: fields may
+come in any order).
 """
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from google.protobuf import struct_pb2
+from google.protobuf.message import Message
 
 from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import events_pb2
@@ -16,6 +25,7 @@ from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import CallRecordData
 from openforge_proxy.domain.splice import BreakCause, SpliceReport
+from openforge_proxy.domain.tokens import varint
 
 SUBJECT = subject_for("proxy", "call_recorded")
 
@@ -54,13 +64,14 @@ def splice_proto(report: SpliceReport) -> common_pb2.SpliceReport:
     )
 
 
-def record_proto(data: CallRecordData, *, structs: bool = False) -> common_pb2.CallRecord:
+def record_proto(data: CallRecordData, *, structs: bool = False, prompt: bool = True) -> common_pb2.CallRecord:
     """``CallRecord`` message of a domain record.
 
     Args:
         data: The record.
         structs: Also fill the ``request`` and ``canonical_messages`` Structs
             (costly for large bodies: about 1 ms per 100 KB).
+        prompt: Fill ``prompt_token_ids`` (:func:`event_bytes` appends them packed instead).
     """
     import orjson
 
@@ -75,14 +86,12 @@ def record_proto(data: CallRecordData, *, structs: bool = False) -> common_pb2.C
         sampling.top_k = int(s["top_k"])
     if "seed" in s:
         sampling.seed = int(s["seed"])
-    canonical_json = orjson.dumps(data.canonical)
     rec = common_pb2.CallRecord(
         rollout_id=data.rollout_id,
         call_id=data.call_id,
         attempt=data.attempt,
         run_id=data.run_id,
         wire_api=_WIRE[data.wire_api],
-        prompt_token_ids=data.prompt_ids,
         completion_token_ids=data.completion_ids,
         completion_logprobs=data.logprobs,
         completion_policy_versions=data.policy_versions,
@@ -93,10 +102,12 @@ def record_proto(data: CallRecordData, *, structs: bool = False) -> common_pb2.C
         request_json=data.request_json,
         request_headers=data.request_headers,
         response_body=data.response_body,
-        canonical_json=canonical_json,
+        canonical_json=data.canonical_json,
         model=data.model,
         stream=data.stream,
     )
+    if prompt:
+        rec.prompt_token_ids.extend(data.prompt.ids)
     rec.receive_time.FromNanoseconds(int(data.receive_time * 1e9))
     rec.time_to_first_byte.FromNanoseconds(int(data.ttfb_s * 1e9))
     rec.total_time.FromNanoseconds(int(data.total_s * 1e9))
@@ -104,8 +115,34 @@ def record_proto(data: CallRecordData, *, structs: bool = False) -> common_pb2.C
         request = struct_pb2.Struct()
         request.update(orjson.loads(data.request_json))
         rec.request.CopyFrom(request)
-        rec.canonical_messages.update(data.canonical)
+        rec.canonical_messages.update(orjson.loads(data.canonical_json))
     return rec
+
+
+_RECORD_PROMPT_TAG = varint(8 << 3 | 2)  # CallRecord.prompt_token_ids
+_EVENT_RECORD_TAG = varint(2 << 3 | 2)  # CallRecorded.record
+
+
+def event_bytes(data: CallRecordData, *, structs: bool = False) -> bytes:
+    """The serialized ``CallRecorded`` event of a record (equal, parsed, to one built by protobuf)."""
+    record = record_proto(data, structs=structs, prompt=False).SerializeToString()
+    packed = data.prompt.packed
+    if packed:
+        record += _RECORD_PROMPT_TAG + varint(len(packed)) + packed
+    head = events_pb2.CallRecorded(event_id=data.event_id).SerializeToString()
+    return head + _EVENT_RECORD_TAG + varint(len(record)) + record
+
+
+class _Serialized:
+    """A message already serialized, for :meth:`EventBus.publish` (which reads only these two attributes)."""
+
+    DESCRIPTOR = events_pb2.CallRecorded.DESCRIPTOR
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def SerializeToString(self, **_: Any) -> bytes:
+        return self._data
 
 
 class NatsRecorder:
@@ -122,5 +159,5 @@ class NatsRecorder:
 
     async def record(self, data: CallRecordData) -> None:
         """Publishes the record (de-duplicated per event id)."""
-        event = events_pb2.CallRecorded(event_id=data.event_id, record=record_proto(data, structs=self._structs))
-        await self._bus.publish(SUBJECT, event, event_id=data.event_id)
+        event = _Serialized(event_bytes(data, structs=self._structs))
+        await self._bus.publish(SUBJECT, cast(Message, event), event_id=data.event_id)

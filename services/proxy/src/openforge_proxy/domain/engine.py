@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from openforge_proxy.domain.output import Finish
+from openforge_proxy.domain.tokens import PackedIds
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ class Engine(Protocol):
         """
         ...
 
-    def generate(self, request_id: str, prompt_ids: list[int], sampling: Sampling) -> AsyncIterator[Delta]:
+    def generate(self, request_id: str, prompt: PackedIds, sampling: Sampling) -> AsyncIterator[Delta]:
         """Streams the sampled tokens of one completion (the last delta has ``finish``).
 
         Raises:

@@ -239,7 +239,7 @@ class CallHandler:
         except ApiError as err:
             status, payload, _ = error_response(wire, err, new_request_id())
             return status, payload
-        return 200, dumps({"input_tokens": len(plan.prompt_ids)})
+        return 200, dumps({"input_tokens": len(plan.prompt)})
 
     def _authenticate(self, headers: Mapping[str, str]) -> Session:
         key = _key(headers)
@@ -341,7 +341,7 @@ class CallHandler:
             plan = state.splicer.build(request.messages, request.tools, retry_of=known.call_id if known else "")
         except Exception as exc:  # the template refused the conversation
             raise ApiError(ErrorKind.INVALID_REQUEST, f"the conversation cannot be rendered: {exc}") from exc
-        sampling = self._sampling(session, request, runtime, len(plan.prompt_ids))
+        sampling = self._sampling(session, request, runtime, len(plan.prompt))
         if known is None:
             state.counter += 1
             known = _CallState(f"call{state.counter:04d}-{secrets.token_hex(3)}", 0)
@@ -397,7 +397,7 @@ class CallHandler:
     ) -> None:
         wire = p.request.wire
         gen_id = f"{p.session.rollout_id}/{p.call_id}/{p.attempt}"
-        stream = self._engine.generate(gen_id, p.plan.prompt_ids, p.sampling)
+        stream = self._engine.generate(gen_id, p.plan.prompt, p.sampling)
         try:
             first = await _first(stream)
         except (EngineUnavailable, EngineRejected) as exc:
@@ -409,7 +409,7 @@ class CallHandler:
         gen = _Generation(p)
         out = gen.out
         encoder = _encoder(p, out)
-        usage0 = Usage(len(p.plan.prompt_ids), 0, p.plan.cached_tokens)
+        usage0 = Usage(len(p.plan.prompt), 0, p.plan.cached_tokens)
         sent: list[bytes] = []
         ttfb = 0.0
         id_header = "request-id" if wire is WireApi.ANTHROPIC_MESSAGES else "x-request-id"
@@ -468,8 +468,8 @@ class CallHandler:
             model=p.request.model,
             request_json=scrub_json_bytes(body),
             request_headers=scrub_headers(headers),
-            canonical=_scrubbed_canonical(p.request),
-            prompt_ids=p.plan.prompt_ids,
+            canonical_json=scrub_json_bytes(orjson.dumps(p.request.to_json())),
+            prompt=p.plan.prompt,
             completion_ids=gen.ids,
             logprobs=gen.logprobs,
             policy_versions=gen.versions,
@@ -650,7 +650,7 @@ class _Generation:
         return data
 
     def usage(self, cached: int) -> Usage:
-        return Usage(len(self._p.plan.prompt_ids), len(self.ids), cached, self.reasoning_tokens)
+        return Usage(len(self._p.plan.prompt), len(self.ids), cached, self.reasoning_tokens)
 
 
 async def _first(stream: AsyncIterator[Delta]) -> Delta:
@@ -662,9 +662,3 @@ async def _first(stream: AsyncIterator[Delta]) -> Delta:
 
 def _opt_float(value: Any) -> float | None:
     return float(value) if value is not None else None
-
-
-def _scrubbed_canonical(request: CanonicalRequest) -> dict[str, Any]:
-    raw = scrub_json_bytes(orjson.dumps(request.to_json()))
-    value: dict[str, Any] = orjson.loads(raw)
-    return value

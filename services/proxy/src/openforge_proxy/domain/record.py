@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.splice import SpliceReport
+from openforge_proxy.domain.tokens import PackedIds
 
 
 @dataclass
@@ -27,8 +28,8 @@ class CallRecordData:
         model: Model name the harness sent.
         request_json: The request body as received (decompressed), identifiers scrubbed.
         request_headers: Request headers without secrets, identifiers scrubbed.
-        canonical: The canonical conversation (JSON-able), identifiers scrubbed.
-        prompt_ids: Exactly the ids the engine saw.
+        canonical_json: The canonical conversation as JSON, identifiers scrubbed.
+        prompt: Exactly the ids the engine saw (with their packed encoding).
         completion_ids: Exactly the ids the engine sampled.
         logprobs: Logprob of each sampled id.
         policy_versions: Policy version of each sampled id.
@@ -51,8 +52,8 @@ class CallRecordData:
     model: str
     request_json: bytes
     request_headers: dict[str, str]
-    canonical: dict[str, Any]
-    prompt_ids: list[int]
+    canonical_json: bytes
+    prompt: PackedIds
     completion_ids: list[int]
     logprobs: list[float]
     policy_versions: list[int]
@@ -66,6 +67,11 @@ class CallRecordData:
     response_body: bytes = b""
     stream: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt ids as a list (tests and diagnostics)."""
+        return self.prompt.tolist()
 
     @property
     def event_id(self) -> str:

@@ -6,9 +6,9 @@ and never logged. The identifiers the reference lists (§5.15) are replaced by
 ``account_uuid`` (a JSON string inside the body), Codex's ``installation_id``
 (in the ``x-codex-turn-metadata`` header and in ``client_metadata``, also as
 JSON inside a string), and OpenClaw's ``host=<name>`` in the runtime line of
-its user message. Scrubbing works on the raw JSON bytes with regular
-expressions that also match the escaped form inside JSON strings, so its cost
-is one pass over the body, not a walk of every value.
+its user message. Scrubbing works on the raw JSON bytes with key search
+that also matches the escaped form inside JSON strings, so its cost is a few
+fast scans of the body, not a walk of every value.
 
 The prompt token ids are *not* scrubbed: they are what the model saw.
 """
@@ -25,16 +25,66 @@ SECRET_HEADERS = frozenset(
     {"x-api-key", "authorization", "proxy-authorization", "cookie", "set-cookie", "api-key", "openai-api-key"}
 )
 
-_ID_KEYS = rb"device_id|installation_id|x-codex-installation-id|account_uuid|machine_id|deviceId|installationId"
-# "key": "value" or \"key\":\"value\" (inside a JSON string); the value has no quote or backslash
-_ID_RE = re.compile(rb'(\\?"(?:' + _ID_KEYS + rb')\\?"\s*:\s*\\?")([^"\\]+)')
-_HOST_RE = re.compile(rb"(\bhost=)([^\s|\"\\]+)")
+_ID_KEYS: tuple[bytes, ...] = (
+    b"device_id",
+    b"installation_id",
+    b"x-codex-installation-id",
+    b"account_uuid",
+    b"machine_id",
+    b"deviceId",
+    b"installationId",
+)
+# After a key that follows a quote: the key's closing quote, the colon and the value's opening quote
+# (each quote optionally escaped, inside a JSON string); then the value, with no quote or backslash.
+_VALUE_AFTER_KEY = re.compile(rb'\\?"\s*:\s*\\?"([^"\\]+)')
+_HOST_VALUE = re.compile(rb'[^\s|"\\]+')
+_WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+
+def _value_spans(raw: bytes) -> list[tuple[int, int]]:
+    """Byte spans of identifier values to replace.
+
+    Keys are found with ``bytes.find`` (a fast scan of the body per key) and the
+    value is matched from there, so the cost is a few passes at memory speed,
+    not a regular expression tried at every offset of a 150 KB body.
+    """
+    spans: list[tuple[int, int]] = []
+    for key in _ID_KEYS:
+        i = raw.find(key)
+        while i >= 0:
+            end = i + len(key)
+            if i > 0 and raw[i - 1] == 0x22:  # '"' right before the key
+                m = _VALUE_AFTER_KEY.match(raw, end)
+                if m is not None:
+                    spans.append(m.span(1))
+            i = raw.find(key, end)
+    i = raw.find(b"host=")
+    while i >= 0:
+        end = i + 5
+        if i == 0 or raw[i - 1] not in _WORD:
+            m = _HOST_VALUE.match(raw, end)
+            if m is not None:
+                spans.append(m.span())
+        i = raw.find(b"host=", end)
+    return spans
 
 
 def scrub_json_bytes(raw: bytes) -> bytes:
     """The body with identifier values replaced (the JSON stays valid)."""
-    out = _ID_RE.sub(lambda m: m.group(1) + REPLACEMENT, raw)
-    return _HOST_RE.sub(lambda m: m.group(1) + REPLACEMENT, out)
+    spans = _value_spans(raw)
+    if not spans:
+        return raw
+    spans.sort()
+    parts: list[bytes] = []
+    pos = 0
+    for start, end in spans:
+        if start < pos:  # overlapping matches (a key inside another's value): already replaced
+            continue
+        parts.append(raw[pos:start])
+        parts.append(REPLACEMENT)
+        pos = end
+    parts.append(raw[pos:])
+    return b"".join(parts)
 
 
 def scrub_text(text: str) -> str:

@@ -58,7 +58,7 @@ from openforge_proxy.domain.conversation import Message, Tool, ToolCall, ToolKin
 from openforge_proxy.domain.families import Family
 from openforge_proxy.domain.output import AssistantOutput
 from openforge_proxy.domain.template import ChatTemplate
-from openforge_proxy.domain.tokens import ChunkCache, TokenizerCodec
+from openforge_proxy.domain.tokens import ChunkCache, IdsBuilder, PackedIds, TokenizerCodec
 
 _NON_ALNUM = re.compile(r"[^0-9a-z]")
 _SENTINEL = "\ue000ofsplice{}\ue001"
@@ -148,6 +148,7 @@ class GeneratedTurn:
         turn_id: ``<call_id>/<attempt>``.
         call_id: The call that sampled it.
         ids: Generation-prompt ids after the assistant header, then the sampled ids.
+        packed: Their packed encoding.
         ends_turn: The sampled ids end with an end-of-turn token.
         fingerprint: :func:`fingerprint` of its parsed output.
         message: Its canonical form (as the harness should send it back).
@@ -155,7 +156,8 @@ class GeneratedTurn:
 
     turn_id: str
     call_id: str
-    ids: list[int]
+    ids: array[int]
+    packed: bytes
     ends_turn: bool
     fingerprint: str
     message: Message
@@ -172,6 +174,7 @@ class Head:
         turns: Parallel to ``messages``: the generated turn id of each, or None.
         tools_key: Identity of the rendered tools.
         tokens: The call's prompt ids + sampled ids.
+        packed: Their packed encoding (prefix checks compare bytes).
         kept: Positions of messages the harness no longer sends that the proxy kept.
     """
 
@@ -181,6 +184,7 @@ class Head:
     turns: list[str | None]
     tools_key: str
     tokens: array[int]
+    packed: bytes
     kept: frozenset[int] = frozenset()
 
 
@@ -189,7 +193,7 @@ class PromptPlan:
     """A built prompt and what the proxy needs to commit the call's outcome.
 
     Attributes:
-        prompt_ids: The prompt the engine will see.
+        prompt: The prompt the engine will see (ids and packed encoding).
         prefill_ids: The ids after the last assistant header (part of the generation prompt).
         messages: The conversation rendered (the model's view).
         turns: Parallel to ``messages``: generated turn ids.
@@ -199,14 +203,19 @@ class PromptPlan:
         kept: Positions in ``messages`` the proxy kept although the harness no longer sends them.
     """
 
-    prompt_ids: list[int]
-    prefill_ids: list[int]
+    prompt: PackedIds
+    prefill_ids: PackedIds
     messages: list[Message]
     turns: list[str | None]
     tools_key: str
     report: SpliceReport
     cached_tokens: int = 0
     kept: frozenset[int] = frozenset()
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt ids as a list (diagnostics and tests; the call path uses :attr:`prompt`)."""
+        return self.prompt.tolist()
 
 
 def _same(a: Message, b: Message) -> bool:
@@ -250,7 +259,7 @@ class Splicer:
             self._prefill = ""
         else:
             self._prefill = generation_prompt[len(header) :]
-        self._prefill_ids = codec.encode(self._prefill) if self._prefill else []
+        self._prefill_ids = codec.packed(codec.encode(self._prefill) if self._prefill else [])
         self.cache = ChunkCache(max_cache_chars)
         self.turns: dict[str, GeneratedTurn] = {}
         self._refs: dict[str, str] = {}
@@ -306,16 +315,16 @@ class Splicer:
             matched.append(turn)
         report = SpliceReport()
         view, turns, head, kept = self._reconcile(messages, matched, tools_key, report)
-        ids, reused, rendered, prefill = self._render(view, turns, tool_dicts)
+        prompt, reused, rendered = self._render(view, turns, tool_dicts)
         report.reused, report.rendered = reused, rendered
         cached = 0
         if head is not None and report.break_cause is BreakCause.NONE:
             n = len(head.tokens)
-            if len(ids) >= n and array("i", ids[:n]) == head.tokens:
+            if prompt.packed.startswith(head.packed):  # varints are a prefix code: same as comparing ids
                 cached = n
                 report.extends_call_id = head.call_id
             else:
-                at = _divergence(head.tokens, ids)
+                at = _divergence(head.tokens, prompt.ids)
                 report.break_cause = BreakCause.TEMPLATE_DRIFT
                 report.break_detail = (
                     f"the prompt differs from call {head.call_id}'s prompt + completion at token {at} "
@@ -324,7 +333,7 @@ class Splicer:
         if retry_of:
             report.break_cause = BreakCause.RETRY
             report.break_detail = f"repeats call {retry_of}"
-        return PromptPlan(ids, prefill, view, turns, tools_key, report, cached, kept)
+        return PromptPlan(prompt, self._prefill_ids, view, turns, tools_key, report, cached, kept)
 
     def _reconcile(
         self, messages: list[Message], matched: list[str | None], tools_key: str, report: SpliceReport
@@ -381,7 +390,7 @@ class Splicer:
 
     def _render(
         self, view: list[Message], turns: list[str | None], tool_dicts: list[dict[str, Any]]
-    ) -> tuple[list[int], list[Span], list[Span], list[int]]:
+    ) -> tuple[PackedIds, list[Span], list[Span]]:
         dicts: list[dict[str, Any]] = []
         order: list[GeneratedTurn] = []
         for msg, turn in zip(view, turns, strict=True):
@@ -393,7 +402,7 @@ class Splicer:
         text = self._tpl.render(dicts, tool_dicts, add_generation_prompt=True, **self._kwargs)
         header = self._fam.assistant_header
         eot = self._fam.end_of_turn
-        ids: list[int] = []
+        ids = IdsBuilder()
         reused: list[Span] = []
         rendered: list[Span] = []
         pos = 0
@@ -402,7 +411,7 @@ class Splicer:
             if not chunk:
                 return
             start = len(ids)
-            ids.extend(self._codec.encode_chunked(chunk, self.cache))
+            self._codec.encode_into(chunk, self.cache, ids)
             if len(ids) > start:
                 rendered.append(Span(start, len(ids)))
 
@@ -418,18 +427,18 @@ class Splicer:
                 end += len(eot)
             emit_text(text[pos:start])
             s = len(ids)
-            ids.extend(gen.ids)
+            ids.add(gen.ids, gen.packed)
             reused.append(Span(s, len(ids), gen.call_id))
             pos = end
         tail = text[pos:]
         if self._prefill and tail.endswith(self._prefill):
             emit_text(tail[: len(tail) - len(self._prefill)])
             start = len(ids)
-            ids.extend(self._prefill_ids)
+            ids.add(self._prefill_ids.ids, self._prefill_ids.packed)
             rendered.append(Span(start, len(ids)))
         else:
             emit_text(tail)
-        return ids, reused, rendered, list(self._prefill_ids)
+        return ids.build(), reused, rendered
 
     # --- committing ---------------------------------------------------------
 
@@ -466,10 +475,12 @@ class Splicer:
             refs=output.refs(),
         )
         fp = fingerprint(output.text, [(tc.name, _resent_arguments(tc)) for tc in output.tool_calls])
+        sampled_packed = self._codec.pack(sampled)
         gen = GeneratedTurn(
             turn_id=turn_id,
             call_id=call_id,
-            ids=plan.prefill_ids + list(sampled),
+            ids=plan.prefill_ids.ids + array("i", sampled),
+            packed=plan.prefill_ids.packed + sampled_packed,
             ends_turn=bool(sampled) and sampled[-1] in self._eot,
             fingerprint=fp,
             message=msg,
@@ -478,8 +489,7 @@ class Splicer:
         for ref in output.refs():
             self._refs[norm_ref(ref)] = turn_id
         self._fps.setdefault(fp, []).append(turn_id)
-        tokens = array("i", plan.prompt_ids)
-        tokens.extend(sampled)
+        tokens = plan.prompt.ids + array("i", sampled)
         self.heads[turn_id] = Head(
             turn_id=turn_id,
             call_id=call_id,
@@ -487,6 +497,7 @@ class Splicer:
             turns=[*plan.turns, turn_id],
             tools_key=plan.tools_key,
             tokens=tokens,
+            packed=plan.prompt.packed + sampled_packed,
             kept=plan.kept,
         )
         while len(self.heads) > self._max_heads:

@@ -9,18 +9,86 @@ The proxy cuts rendered prompts before each message-start token
 session (:class:`ChunkCache`), so a call only encodes the messages that are new
 since the previous call: the cost of a call grows with its new part, not with
 the length of the conversation.
+
+Ids are held as ``array('i')`` (4 bytes a token, copied with ``memcpy``), never
+as lists of Python ints (40 bytes a token, converted one by one), and each
+chunk also keeps its protobuf *packed varint* encoding: a prompt is sent to the
+engine and recorded as the concatenation of its chunks' encodings
+(:class:`PackedIds`), so a 35k-token prompt is never converted id by id.
 """
 
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from openforge_core.errors import FailedPrecondition
+
+
+def varint(value: int) -> bytes:
+    """The protobuf varint encoding of a non-negative int."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def pack_ids(ids: Iterable[int]) -> bytes:
+    """Protobuf packed encoding of ids (a ``repeated int32`` field's payload, ids >= 0)."""
+    return b"".join(varint(i) for i in ids)
+
+
+def ids_array(ids: Iterable[int] = ()) -> array[int]:
+    """An ``array('i')`` of ids."""
+    return array("i", ids)
+
+
+@dataclass(frozen=True)
+class PackedIds:
+    """Token ids with their protobuf packed encoding.
+
+    Attributes:
+        ids: The ids.
+        packed: Their packed varint encoding (what ``repeated int32`` carries on the wire).
+    """
+
+    ids: array[int]
+    packed: bytes
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def tolist(self) -> list[int]:
+        return self.ids.tolist()
+
+
+class IdsBuilder:
+    """Concatenates id runs and their packed encodings."""
+
+    __slots__ = ("ids", "parts")
+
+    def __init__(self) -> None:
+        self.ids: array[int] = array("i")
+        self.parts: list[bytes] = []
+
+    def add(self, ids: array[int], packed: bytes) -> None:
+        self.ids.extend(ids)
+        self.parts.append(packed)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def build(self) -> PackedIds:
+        return PackedIds(self.ids, b"".join(self.parts))
 
 
 class ChunkCache:
@@ -35,18 +103,18 @@ class ChunkCache:
     def __init__(self, max_chars: int = 8_000_000) -> None:
         self._max = max_chars
         self._chars = 0
-        self._ids: OrderedDict[str, list[int]] = OrderedDict()
+        self._ids: OrderedDict[str, tuple[array[int], bytes]] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
-    def get(self, chunk: str) -> list[int] | None:
+    def get(self, chunk: str) -> tuple[array[int], bytes] | None:
         ids = self._ids.get(chunk)
         if ids is not None:
             self._ids.move_to_end(chunk)
             self.hits += 1
         return ids
 
-    def put(self, chunk: str, ids: list[int]) -> None:
+    def put(self, chunk: str, ids: tuple[array[int], bytes]) -> None:
         self.misses += 1
         if chunk in self._ids:
             return
@@ -74,6 +142,7 @@ class TokenizerCodec:
         self.split_marker = split_marker
         if split_marker and tokenizer.token_to_id(split_marker) is None:
             raise FailedPrecondition(f"{split_marker!r} is not a token of this tokenizer", reason="BAD_TOKENIZER")
+        self._varints = [varint(i) for i in range(tokenizer.get_vocab_size(with_added_tokens=True))]
 
     @classmethod
     def from_dir(cls, model_dir: Path, split_marker: str = "") -> TokenizerCodec:
@@ -104,28 +173,49 @@ class TokenizerCodec:
         """Ids of ``text`` (no BOS/EOS added, as ``apply_chat_template`` tokenizes)."""
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
+    def pack(self, ids: Sequence[int]) -> bytes:
+        """:func:`pack_ids`, by table lookup for ids of the vocabulary."""
+        table = self._varints
+        n = len(table)
+        if not ids or (min(ids) >= 0 and max(ids) < n):
+            return b"".join(map(table.__getitem__, ids))
+        return pack_ids(ids)
+
+    def packed(self, ids: Sequence[int]) -> PackedIds:
+        """Ids with their packed encoding."""
+        return PackedIds(array("i", ids), self.pack(ids))
+
     def encode_chunked(self, text: str, cache: ChunkCache | None) -> list[int]:
         """Ids of ``text``, reusing the ids of chunks seen before.
 
         Equal to :meth:`encode` (chunks end right before a special token).
         """
-        if cache is None or not self.split_marker or not text:
-            return self.encode(text)
+        out = IdsBuilder()
+        self.encode_into(text, cache, out)
+        return out.ids.tolist()
+
+    def encode_into(self, text: str, cache: ChunkCache | None, out: IdsBuilder) -> None:
+        """Appends the ids of ``text`` (and their packed encoding) to ``out``, reusing cached chunks."""
+        if not text:
+            return
+        if cache is None or not self.split_marker:
+            ids = self.encode(text)
+            out.add(array("i", ids), self.pack(ids))
+            return
         marker = self.split_marker
         parts = text.split(marker)
         chunks = [parts[0]] if parts[0] else []
         chunks.extend(marker + p for p in parts[1:])
-        ids: list[int] = []
         missing = [c for c in chunks if cache.get(c) is None]
         if missing:
             encoded = self._tok.encode_batch_fast(missing, add_special_tokens=False)
             for c, enc in zip(missing, encoded, strict=True):
-                cache.put(c, list(enc.ids))
+                ids = enc.ids
+                cache.put(c, (array("i", ids), self.pack(ids)))
         for c in chunks:
             got = cache.get(c)
             assert got is not None
-            ids.extend(got)
-        return ids
+            out.add(*got)
 
     def decode(self, ids: list[int]) -> str:
         """Text of ``ids`` with special tokens kept."""

@@ -1,0 +1,79 @@
+"""Prompts travel as packed varint bytes: the hand-built messages parse exactly as protobuf's own."""
+
+from __future__ import annotations
+
+import random
+
+from openforge.common.v1 import common_pb2
+from openforge.inference.v1 import inference_pb2
+from openforge.proxy.v1 import events_pb2
+from openforge_proxy.adapters.inference import generate_request_bytes
+from openforge_proxy.adapters.publisher import event_bytes, record_proto
+from openforge_proxy.domain.conversation import WireApi
+from openforge_proxy.domain.engine import Sampling
+from openforge_proxy.domain.output import Finish
+from openforge_proxy.domain.record import CallRecordData
+from openforge_proxy.domain.scrub import scrub_json_bytes
+from openforge_proxy.domain.splice import SpliceReport
+from openforge_proxy.domain.tokens import PackedIds, ids_array, pack_ids
+
+IDS = [0, 1, 127, 128, 16383, 16384, 2_097_151, 2_097_152, 151_643, *random.Random(0).choices(range(200_000), k=500)]
+
+
+def _packed(ids: list[int]) -> PackedIds:
+    return PackedIds(ids_array(ids), pack_ids(ids))
+
+
+def test_pack_ids_is_protobufs_packed_encoding() -> None:
+    wire = common_pb2.CallRecord(prompt_token_ids=IDS).SerializeToString()
+    payload = pack_ids(IDS)
+    assert wire.endswith(payload) and len(wire) - len(payload) <= 4
+    assert pack_ids([]) == b""
+
+
+def test_generate_request_bytes_parse_as_the_protobuf_request() -> None:
+    sampling = Sampling(max_tokens=7, temperature=0.5, stop_token_ids=(3,))
+    got = inference_pb2.GenerateRequest.FromString(generate_request_bytes("r1", _packed(IDS), sampling))
+    assert got.request_id == "r1" and list(got.prompt_token_ids) == IDS
+    assert got.sampling.max_tokens == 7 and got.sampling.temperature == 0.5 and list(got.sampling.stop_token_ids) == [3]
+    empty = inference_pb2.GenerateRequest.FromString(generate_request_bytes("r2", _packed([]), sampling))
+    assert list(empty.prompt_token_ids) == []
+
+
+def test_event_bytes_parse_as_the_protobuf_event() -> None:
+    data = CallRecordData(
+        rollout_id="ro",
+        run_id="run",
+        call_id="call0001-abc",
+        attempt=2,
+        wire_api=WireApi.OPENAI_CHAT,
+        model="m",
+        request_json=b'{"a":1}',
+        request_headers={"h": "v"},
+        canonical_json=b'{"messages":[]}',
+        prompt=_packed(IDS),
+        completion_ids=[5, 6],
+        logprobs=[-0.5, -0.25],
+        policy_versions=[3, 3],
+        sampling={"max_tokens": 9},
+        finish=Finish.STOP,
+        receive_time=1.5,
+        ttfb_s=0.01,
+        total_s=0.02,
+        splice=SpliceReport(),
+    )
+    got = events_pb2.CallRecorded.FromString(event_bytes(data))
+    want = events_pb2.CallRecorded(event_id=data.event_id, record=record_proto(data))
+    assert got == want
+    assert list(got.record.prompt_token_ids) == IDS and list(got.record.completion_token_ids) == [5, 6]
+
+
+def test_scrub_replaces_identifier_values_only() -> None:
+    raw = (
+        b'{"metadata":{"user_id":"{\\"device_id\\":\\"abc\\",\\"account_uuid\\":\\"u-1\\"}"},'
+        b'"x":"host=box1 | os=linux","ghost=":"keep","deviceId" : "d2","no_device_id":"keep"}'
+    )
+    out = scrub_json_bytes(raw)
+    assert b"abc" not in out and b"u-1" not in out and b"box1" not in out and b"d2" not in out
+    assert out.count(b"<scrubbed>") == 4 and b'"ghost=":"keep"' in out and b'"no_device_id":"keep"' in out
+    assert scrub_json_bytes(b'{"plain":"text"}') == b'{"plain":"text"}'
