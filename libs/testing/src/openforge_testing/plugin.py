@@ -13,8 +13,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -52,7 +53,10 @@ def postgres_dsn() -> str:
     return dsn
 
 
-ServiceFactory = Callable[[str, Mapping[str, str]], ServiceProcess]
+class ServiceFactory(Protocol):
+    """``start(module, env, timeout_s=60.0) -> ServiceProcess`` (SERVING when it returns)."""
+
+    def __call__(self, module: str, env: Mapping[str, str], timeout_s: float = 60.0) -> ServiceProcess: ...
 
 
 @pytest.fixture
@@ -60,10 +64,10 @@ def service_process(tmp_path: Path) -> Iterator[ServiceFactory]:
     """Starts services in their own processes; all are stopped at teardown."""
     started: list[ServiceProcess] = []
 
-    def start(module: str, env: Mapping[str, str]) -> ServiceProcess:
+    def start(module: str, env: Mapping[str, str], timeout_s: float = 60.0) -> ServiceProcess:
         proc = ServiceProcess(module, env, tmp_path / "logs" / f"{module}-{len(started)}.log")
         started.append(proc)
-        return proc.start()
+        return proc.start(timeout_s)
 
     yield start
     for proc in reversed(started):

@@ -82,6 +82,7 @@ def test_generate_parity_update_and_errors_through_grpc(
             "OPENFORGE_MAX_MODEL_LEN": "512",
             "OPENFORGE_KV_CACHE_GIB": "1",
         },
+        timeout_s=300,  # vLLM's engine start takes 30-90 s on two busy cores
     )
     new_ckpt = checkpoint_factory(7)
     prompt = [5, 17, 42, 99, 7, 3, 250, 11]
