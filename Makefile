@@ -21,11 +21,12 @@ help: ## List the targets
 # --inexact: the heavy ML stack below is installed with pip into the same venv, and an exact
 # uv sync would remove it.
 $(STAMP): uv.lock package-lock.json pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml) \
-		requirements/inference-cpu.txt
+		requirements/inference-cpu.txt requirements/trainer-cpu.txt
 	@$(UV) --version 2>/dev/null | grep -q "$(UV_VERSION)" || $(PYTHON) -m pip install -q "uv==$(UV_VERSION)"
 	$(UV) sync --frozen --all-packages --inexact
 	$(BIN)/python -m ensurepip --default-pip > /dev/null
 	$(BIN)/python -m pip install -q --no-deps -r requirements/inference-cpu.txt
+	$(BIN)/python -m pip install -q --no-deps -r requirements/trainer-cpu.txt
 	npm ci --no-audit --no-fund
 	@touch $@
 

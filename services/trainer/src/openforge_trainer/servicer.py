@@ -1,8 +1,4 @@
-"""``openforge.trainer.v1.TrainerService``: proto ↔ domain translation only.
-
-StartRun, StopRun and WatchMetrics answer UNIMPLEMENTED until the training
-loop is built; GetRun reads the run registry.
-"""
+"""``openforge.trainer.v1.TrainerService``: proto ↔ domain translation only."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ from google.protobuf import json_format, struct_pb2
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from openforge.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-from openforge_trainer.domain.runs import Run, RunRegistry, RunState
+from openforge_trainer.domain.runs import Run, RunManager, RunState
 
 _STATES = {
     RunState.PENDING: trainer_pb2.RUN_STATE_PENDING,
@@ -25,10 +21,14 @@ _STATES = {
 }
 
 
+def _timestamp(seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
 def run_to_proto(run: Run) -> trainer_pb2.Run:
     """Domain run → proto."""
-    created = Timestamp()
-    created.FromNanoseconds(int(run.create_time * 1e9))
     return trainer_pb2.Run(
         run_id=run.run_id,
         config=json_format.ParseDict(run.config, struct_pb2.Struct()),
@@ -36,38 +36,53 @@ def run_to_proto(run: Run) -> trainer_pb2.Run:
         step=run.step,
         policy_version=run.policy_version,
         checkpoint_uri=run.checkpoint_uri,
-        create_time=created,
+        create_time=_timestamp(run.create_time),
         error=run.error,
     )
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
-    """Runs over gRPC, backed by a :class:`RunRegistry`."""
+    """Runs over gRPC, backed by a :class:`RunManager`."""
 
-    def __init__(self, runs: RunRegistry) -> None:
+    def __init__(self, runs: RunManager) -> None:
         self._runs = runs
+
+    async def StartRun(
+        self, request: trainer_pb2.StartRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> trainer_pb2.StartRunResponse:
+        """Starts (or resumes) a run; idempotent per request_id.
+
+        Errors: INVALID_ARGUMENT (config does not validate; a BadRequest lists the fields);
+        FAILED_PRECONDITION (another run is training).
+        """
+        run = self._runs.start(
+            request_id=request.request_id,
+            run_id=request.run_id,
+            config=json_format.MessageToDict(request.config) if request.HasField("config") else {},
+            config_path=request.config_path,
+        )
+        return trainer_pb2.StartRunResponse(run=run_to_proto(run))
 
     async def GetRun(
         self, request: trainer_pb2.GetRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trainer_pb2.GetRunResponse:
         """One run. Errors: NOT_FOUND."""
-        return trainer_pb2.GetRunResponse(run=run_to_proto(self._runs.get(request.run_id)))
-
-    async def StartRun(
-        self, request: trainer_pb2.StartRunRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> trainer_pb2.StartRunResponse:
-        """Not built yet: answers UNIMPLEMENTED (the training loop)."""
-        raise NotImplementedError
+        return trainer_pb2.GetRunResponse(run=run_to_proto(self._runs.runs.get(request.run_id)))
 
     async def StopRun(
         self, request: trainer_pb2.StopRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trainer_pb2.StopRunResponse:
-        """Not built yet: answers UNIMPLEMENTED."""
-        raise NotImplementedError
+        """Asks the run to stop after its current step; idempotent. Errors: NOT_FOUND."""
+        return trainer_pb2.StopRunResponse(run=run_to_proto(self._runs.stop(request.run_id)))
 
     async def WatchMetrics(
         self, request: trainer_pb2.WatchMetricsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[trainer_pb2.WatchMetricsResponse]:
-        """Not built yet: answers UNIMPLEMENTED."""
-        raise NotImplementedError
-        yield  # an async generator, as the streaming handler expects
+        """Every recorded step >= from_step, then new ones; ends with the run's loop.
+
+        Errors: NOT_FOUND.
+        """
+        async for entry in self._runs.watch_metrics(request.run_id, request.from_step):
+            yield trainer_pb2.WatchMetricsResponse(
+                step=entry.step, metrics=entry.metrics, time=_timestamp(entry.time_s)
+            )

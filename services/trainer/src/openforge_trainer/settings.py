@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
+from pydantic import Field
+
 from openforge_core.settings import ServiceSettings
 
 
@@ -12,9 +14,25 @@ class TrainerSettings(ServiceSettings):
     """Settings of the trainer.
 
     Attributes:
-        checkpoint_dir: Where run checkpoints are written (``OPENFORGE_CHECKPOINT_DIR``).
+        checkpoint_dir: Where run checkpoints, run records and metrics are written
+            (``OPENFORGE_CHECKPOINT_DIR``); inference must read checkpoints at the same path.
+        tensorboard_dir: TensorBoard event files, one folder per run
+            (``OPENFORGE_TENSORBOARD_DIR``); empty: ``<checkpoint_dir>/tensorboard``.
+        keep_checkpoints: Complete checkpoints kept per run (``OPENFORGE_KEEP_CHECKPOINTS``).
+        resume_on_start: Resume the runs that were training when the process stopped
+            (``OPENFORGE_RESUME_ON_START``).
+        publish_events: Connect to NATS and publish ``step_completed`` events
+            (``OPENFORGE_PUBLISH_EVENTS``).
+        weight_sync_timeout_s: Deadline of ``UpdateWeights``, seconds.
+        submit_timeout_s: Deadline of ``SubmitRollouts``, seconds.
     """
 
     service_name: ClassVar[str] = "trainer"
 
     checkpoint_dir: Path = Path("checkpoints")
+    tensorboard_dir: Path | None = None
+    keep_checkpoints: int = Field(default=3, ge=1)
+    resume_on_start: bool = True
+    publish_events: bool = True
+    weight_sync_timeout_s: float = Field(default=300.0, gt=0)
+    submit_timeout_s: float = Field(default=30.0, gt=0)

@@ -25,13 +25,19 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!openforge/trainer/v1/events.proto\x12\x14openforge.trainer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa4\x01\n\x10WeightsPublished\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x0b\n\x03uri\x18\x05 \x01(\t\x12\x10\n\x08\x63hecksum\x18\x06 \x01(\t\x12\x30\n\x0cpublish_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestampb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!openforge/trainer/v1/events.proto\x12\x14openforge.trainer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa4\x01\n\x10WeightsPublished\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x0b\n\x03uri\x18\x05 \x01(\t\x12\x10\n\x08\x63hecksum\x18\x06 \x01(\t\x12\x30\n\x0cpublish_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf4\x01\n\rStepCompleted\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x41\n\x07metrics\x18\x05 \x03(\x0b\x32\x30.openforge.trainer.v1.StepCompleted.MetricsEntry\x12(\n\x04time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'openforge.trainer.v1.events_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_STEPCOMPLETED_METRICSENTRY']._loaded_options = None
+  _globals['_STEPCOMPLETED_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_WEIGHTSPUBLISHED']._serialized_start=93
   _globals['_WEIGHTSPUBLISHED']._serialized_end=257
+  _globals['_STEPCOMPLETED']._serialized_start=260
+  _globals['_STEPCOMPLETED']._serialized_end=504
+  _globals['_STEPCOMPLETED_METRICSENTRY']._serialized_start=458
+  _globals['_STEPCOMPLETED_METRICSENTRY']._serialized_end=504
 # @@protoc_insertion_point(module_scope)

@@ -5,9 +5,11 @@ Events the trainer publishes on NATS JetStream under
 openforge.trainer.v1.<event>.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -68,3 +70,74 @@ class WeightsPublished(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WeightsPublished: _TypeAlias = WeightsPublished  # noqa: Y015
+
+@_typing.final
+class StepCompleted(_message.Message):
+    """A training step finished: its checkpoint is written and inference serves it.
+    Subject: openforge.trainer.v1.step_completed. The trajectory store records
+    these as the run's metrics.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetricsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    event_id: _builtins.str
+    """Event id, also the Nats-Msg-Id ("step/<run_id>/<step>")."""
+    run_id: _builtins.str
+    """The run."""
+    step: _builtins.int
+    """The step (1-based)."""
+    policy_version: _builtins.int
+    """The policy version the step produced."""
+    @_builtins.property
+    def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Metric name -> value, as WatchMetrics streams them (e.g. "reward/mean",
+        "loss/policy", "time/train_s" in seconds, "tokens/per_s").
+        """
+
+    @_builtins.property
+    def time(self) -> _timestamp_pb2.Timestamp:
+        """When the step finished."""
+
+    def __init__(
+        self,
+        *,
+        event_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        step: _builtins.int = ...,
+        policy_version: _builtins.int = ...,
+        metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["time", b"time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_id", b"event_id", "metrics", b"metrics", "policy_version", b"policy_version", "run_id", b"run_id", "step", b"step", "time", b"time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepCompleted: _TypeAlias = StepCompleted  # noqa: Y015

@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"openforge/trainer/v1/trainer.proto\x12\x14openforge.trainer.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xeb\x01\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\'\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.openforge.trainer.v1.RunState\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x16\n\x0e\x63heckpoint_uri\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x08 \x01(\t\"^\n\x0fStartRunRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\'\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\":\n\x10StartRunResponse\x12&\n\x03run\x18\x01 \x01(\x0b\x32\x19.openforge.trainer.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"8\n\x0eGetRunResponse\x12&\n\x03run\x18\x01 \x01(\x0b\x32\x19.openforge.trainer.v1.Run\" \n\x0eStopRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"9\n\x0fStopRunResponse\x12&\n\x03run\x18\x01 \x01(\x0b\x32\x19.openforge.trainer.v1.Run\"8\n\x13WatchMetricsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tfrom_step\x18\x02 \x01(\x03\"\xc8\x01\n\x14WatchMetricsResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12H\n\x07metrics\x18\x02 \x03(\x0b\x32\x37.openforge.trainer.v1.WatchMetricsResponse.MetricsEntry\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*\x99\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATE_PENDING\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x15\n\x11RUN_STATE_STOPPED\x10\x03\x12\x17\n\x13RUN_STATE_COMPLETED\x10\x04\x12\x14\n\x10RUN_STATE_FAILED\x10\x05\x32\x81\x03\n\x0eTrainerService\x12Y\n\x08StartRun\x12%.openforge.trainer.v1.StartRunRequest\x1a&.openforge.trainer.v1.StartRunResponse\x12S\n\x06GetRun\x12#.openforge.trainer.v1.GetRunRequest\x1a$.openforge.trainer.v1.GetRunResponse\x12V\n\x07StopRun\x12$.openforge.trainer.v1.StopRunRequest\x1a%.openforge.trainer.v1.StopRunResponse\x12g\n\x0cWatchMetrics\x12).openforge.trainer.v1.WatchMetricsRequest\x1a*.openforge.trainer.v1.WatchMetricsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"openforge/trainer/v1/trainer.proto\x12\x14openforge.trainer.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xeb\x01\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\'\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.openforge.trainer.v1.RunState\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x16\n\x0e\x63heckpoint_uri\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x08 \x01(\t\"s\n\x0fStartRunRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\'\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0b\x63onfig_path\x18\x04 \x01(\t\":\n\x10StartRunResponse\x12&\n\x03run\x18\x01 \x01(\x0b\x32\x19.openforge.trainer.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"8\n\x0eGetRunResponse\x12&\n\x03run\x18\x01 \x01(\x0b\x32\x19.openforge.trainer.v1.Run\" \n\x0eStopRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"9\n\x0fStopRunResponse\x12&\n\x03run\x18\x01 \x01(\x0b\x32\x19.openforge.trainer.v1.Run\"8\n\x13WatchMetricsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tfrom_step\x18\x02 \x01(\x03\"\xc8\x01\n\x14WatchMetricsResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12H\n\x07metrics\x18\x02 \x03(\x0b\x32\x37.openforge.trainer.v1.WatchMetricsResponse.MetricsEntry\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*\x99\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATE_PENDING\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x15\n\x11RUN_STATE_STOPPED\x10\x03\x12\x17\n\x13RUN_STATE_COMPLETED\x10\x04\x12\x14\n\x10RUN_STATE_FAILED\x10\x05\x32\x81\x03\n\x0eTrainerService\x12Y\n\x08StartRun\x12%.openforge.trainer.v1.StartRunRequest\x1a&.openforge.trainer.v1.StartRunResponse\x12S\n\x06GetRun\x12#.openforge.trainer.v1.GetRunRequest\x1a$.openforge.trainer.v1.GetRunResponse\x12V\n\x07StopRun\x12$.openforge.trainer.v1.StopRunRequest\x1a%.openforge.trainer.v1.StopRunResponse\x12g\n\x0cWatchMetrics\x12).openforge.trainer.v1.WatchMetricsRequest\x1a*.openforge.trainer.v1.WatchMetricsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,28 +35,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WATCHMETRICSRESPONSE_METRICSENTRY']._loaded_options = None
   _globals['_WATCHMETRICSRESPONSE_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_RUNSTATE']._serialized_start=963
-  _globals['_RUNSTATE']._serialized_end=1116
+  _globals['_RUNSTATE']._serialized_start=984
+  _globals['_RUNSTATE']._serialized_end=1137
   _globals['_RUN']._serialized_start=124
   _globals['_RUN']._serialized_end=359
   _globals['_STARTRUNREQUEST']._serialized_start=361
-  _globals['_STARTRUNREQUEST']._serialized_end=455
-  _globals['_STARTRUNRESPONSE']._serialized_start=457
-  _globals['_STARTRUNRESPONSE']._serialized_end=515
-  _globals['_GETRUNREQUEST']._serialized_start=517
-  _globals['_GETRUNREQUEST']._serialized_end=548
-  _globals['_GETRUNRESPONSE']._serialized_start=550
-  _globals['_GETRUNRESPONSE']._serialized_end=606
-  _globals['_STOPRUNREQUEST']._serialized_start=608
-  _globals['_STOPRUNREQUEST']._serialized_end=640
-  _globals['_STOPRUNRESPONSE']._serialized_start=642
-  _globals['_STOPRUNRESPONSE']._serialized_end=699
-  _globals['_WATCHMETRICSREQUEST']._serialized_start=701
-  _globals['_WATCHMETRICSREQUEST']._serialized_end=757
-  _globals['_WATCHMETRICSRESPONSE']._serialized_start=760
-  _globals['_WATCHMETRICSRESPONSE']._serialized_end=960
-  _globals['_WATCHMETRICSRESPONSE_METRICSENTRY']._serialized_start=914
-  _globals['_WATCHMETRICSRESPONSE_METRICSENTRY']._serialized_end=960
-  _globals['_TRAINERSERVICE']._serialized_start=1119
-  _globals['_TRAINERSERVICE']._serialized_end=1504
+  _globals['_STARTRUNREQUEST']._serialized_end=476
+  _globals['_STARTRUNRESPONSE']._serialized_start=478
+  _globals['_STARTRUNRESPONSE']._serialized_end=536
+  _globals['_GETRUNREQUEST']._serialized_start=538
+  _globals['_GETRUNREQUEST']._serialized_end=569
+  _globals['_GETRUNRESPONSE']._serialized_start=571
+  _globals['_GETRUNRESPONSE']._serialized_end=627
+  _globals['_STOPRUNREQUEST']._serialized_start=629
+  _globals['_STOPRUNREQUEST']._serialized_end=661
+  _globals['_STOPRUNRESPONSE']._serialized_start=663
+  _globals['_STOPRUNRESPONSE']._serialized_end=720
+  _globals['_WATCHMETRICSREQUEST']._serialized_start=722
+  _globals['_WATCHMETRICSREQUEST']._serialized_end=778
+  _globals['_WATCHMETRICSRESPONSE']._serialized_start=781
+  _globals['_WATCHMETRICSRESPONSE']._serialized_end=981
+  _globals['_WATCHMETRICSRESPONSE_METRICSENTRY']._serialized_start=935
+  _globals['_WATCHMETRICSRESPONSE_METRICSENTRY']._serialized_end=981
+  _globals['_TRAINERSERVICE']._serialized_start=1140
+  _globals['_TRAINERSERVICE']._serialized_end=1525
 # @@protoc_insertion_point(module_scope)

@@ -118,13 +118,21 @@ class StartRunRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
     CONFIG_FIELD_NUMBER: _builtins.int
+    CONFIG_PATH_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Idempotency key for retries."""
     run_id: _builtins.str
     """Run id; empty = generated."""
+    config_path: _builtins.str
+    """Path of a run config file (JSON, or YAML with a .yaml/.yml suffix) on the
+    trainer's filesystem. Empty: config alone. For an existing run_id with
+    neither, the run resumes with its recorded config.
+    """
     @_builtins.property
     def config(self) -> _struct_pb2.Struct:
-        """The run config (model, tasks, harness, algorithm...)."""
+        """The run config (model, tasks, harness, algorithm...). Its fields override
+        those read from config_path.
+        """
 
     def __init__(
         self,
@@ -132,10 +140,11 @@ class StartRunRequest(_message.Message):
         request_id: _builtins.str = ...,
         run_id: _builtins.str = ...,
         config: _struct_pb2.Struct | None = ...,
+        config_path: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "request_id", b"request_id", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "config_path", b"config_path", "request_id", b"request_id", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

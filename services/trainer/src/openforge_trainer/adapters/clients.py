@@ -1,0 +1,174 @@
+"""gRPC clients of the orchestrator, the trajectory store and inference (proto ↔ domain here).
+
+Every unary call has a deadline; only idempotent methods are retried (SubmitRollouts and
+UpdateWeights carry ``request_id``; the store's methods are reads). The completed-groups watch
+reconnects after a transient failure from the cursor of the last group it delivered, so the
+caller sees no repeat and no gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+
+import grpc
+import structlog
+from google.protobuf.duration_pb2 import Duration
+
+from openforge.common.v1 import common_pb2
+from openforge.inference.v1 import inference_pb2, inference_pb2_grpc
+from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
+from openforge_core.rpc.client import open_channel
+from openforge_trainer.domain.ports import RolloutRequest
+from openforge_trainer.domain.samples import CompletedGroup, TrainSample
+
+log = structlog.get_logger(__name__)
+
+_RETRYABLE_STREAM = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+def group_from_proto(msg: trajectory_pb2.WatchCompletedGroupsResponse) -> CompletedGroup:
+    """``WatchCompletedGroupsResponse`` → :class:`CompletedGroup`.
+
+    Each sample takes its rollout's group id and task; rollouts without a reward (failed before
+    the verifier) contribute no reward.
+    """
+    rollouts: dict[str, common_pb2.Rollout] = {r.rollout_id: r for r in msg.rollouts}
+    rewards = {r.rollout_id: r.reward for r in msg.rollouts if r.HasField("reward")}
+    samples = tuple(
+        TrainSample(
+            sample_id=s.sample_id,
+            rollout_id=s.rollout_id,
+            group_id=msg.group_id,
+            task_id=rollouts[s.rollout_id].task_id if s.rollout_id in rollouts else msg.task_id,
+            prompt_ids=tuple(s.prompt_token_ids),
+            response_ids=tuple(s.response_token_ids),
+            loss_mask=tuple(s.loss_mask),
+            behaviour_logprobs=tuple(s.rollout_logprobs),
+            policy_versions=tuple(s.policy_versions),
+            reward=rewards.get(s.rollout_id, s.reward),
+        )
+        for s in msg.samples
+    )
+    return CompletedGroup(
+        group_id=msg.group_id, task_id=msg.task_id, rewards=rewards, samples=samples, cursor=msg.cursor
+    )
+
+
+class OrchestratorClient:
+    """``SubmitRollouts`` on the orchestrator.
+
+    Args:
+        target: ``host:port``.
+        timeout_s: Deadline of each call, seconds.
+    """
+
+    SERVICE = "openforge.orchestrator.v1.OrchestratorService"
+
+    def __init__(self, target: str, timeout_s: float = 30.0) -> None:
+        self._channel = open_channel(
+            target, service=self.SERVICE, idempotent_methods=["SubmitRollouts"], default_timeout_s=timeout_s
+        )
+        self._stub = orchestrator_pb2_grpc.OrchestratorServiceStub(self._channel)
+
+    async def submit(self, request: RolloutRequest) -> list[str]:
+        """Submits the groups; returns their group ids in task order (idempotent per request id)."""
+        msg = orchestrator_pb2.SubmitRolloutsRequest(
+            request_id=request.request_id,
+            run_id=request.run_id,
+            tasks=[orchestrator_pb2.TaskRef(task_id=t, task_set=request.task_set) for t in request.task_ids],
+            group_size=request.group_size,
+            harness=request.harness,
+            model_name=request.model_name,
+            min_policy_version=request.min_policy_version,
+        )
+        if request.timeout_s > 0:
+            msg.timeout.CopyFrom(Duration(seconds=int(request.timeout_s), nanos=int(request.timeout_s % 1 * 1e9)))
+        resp = await self._stub.SubmitRollouts(msg)
+        return _unique(r.group_id for r in resp.rollouts)
+
+    async def close(self) -> None:
+        """Closes the channel."""
+        await self._channel.close()
+
+
+class StoreClient:
+    """``WatchCompletedGroups`` on the trajectory store, resumable.
+
+    Args:
+        target: ``host:port``.
+        reconnect_s: Wait before reconnecting after a transient failure, seconds.
+        max_message_bytes: Largest group message accepted, bytes.
+    """
+
+    SERVICE = "openforge.trajectory.v1.TrajectoryService"
+
+    def __init__(self, target: str, reconnect_s: float = 1.0, max_message_bytes: int = 256 * 1024 * 1024) -> None:
+        self._channel = open_channel(
+            target,
+            service=self.SERVICE,
+            idempotent_methods=["WatchCompletedGroups"],
+            max_message_bytes=max_message_bytes,
+        )
+        self._stub = trajectory_pb2_grpc.TrajectoryServiceStub(self._channel)
+        self._reconnect_s = reconnect_s
+
+    async def watch(self, run_id: str, cursor: str) -> AsyncIterator[CompletedGroup]:
+        """Completed groups of ``run_id`` after ``cursor``, forever (reconnecting as needed)."""
+        while True:
+            call = self._stub.WatchCompletedGroups(
+                trajectory_pb2.WatchCompletedGroupsRequest(run_id=run_id, cursor=cursor), timeout=None
+            )
+            try:
+                async for msg in call:
+                    group = group_from_proto(msg)
+                    cursor = group.cursor
+                    yield group
+                log.warning("store.watch_ended", run_id=run_id, cursor=cursor)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in _RETRYABLE_STREAM:
+                    raise
+                log.warning("store.watch_reconnecting", run_id=run_id, cursor=cursor, code=exc.code().name)
+            finally:
+                call.cancel()
+            await asyncio.sleep(self._reconnect_s)
+
+    async def close(self) -> None:
+        """Closes the channel."""
+        await self._channel.close()
+
+
+class InferenceClient:
+    """``UpdateWeights`` on inference.
+
+    Args:
+        target: ``host:port``.
+        timeout_s: Deadline of the call (loading weights takes a while), seconds.
+    """
+
+    SERVICE = "openforge.inference.v1.InferenceService"
+
+    def __init__(self, target: str, timeout_s: float = 300.0) -> None:
+        self._channel = open_channel(
+            target, service=self.SERVICE, idempotent_methods=["UpdateWeights"], default_timeout_s=timeout_s
+        )
+        self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
+
+    async def update_weights(self, request_id: str, uri: str, version: int, checksum: str) -> int:
+        """Loads the checkpoint as ``version``; returns the version serving."""
+        resp = await self._stub.UpdateWeights(
+            inference_pb2.UpdateWeightsRequest(request_id=request_id, uri=uri, version=version, checksum=checksum)
+        )
+        return int(resp.version)
+
+    async def close(self) -> None:
+        """Closes the channel."""
+        await self._channel.close()
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for item in items:
+        seen.setdefault(item, None)
+    return list(seen)

@@ -1,0 +1,1 @@
+"""Trainer backends behind :class:`~openforge_trainer.backends.base.TrainerBackend`."""

@@ -1,0 +1,187 @@
+"""The run config: what ``StartRun`` trains, validated once.
+
+A run config is given inline (``StartRunRequest.config``) or as a file (``config_path``: JSON or
+YAML), or both (inline fields override the file's). Field names follow veRL's where one exists
+(``clip_ratio_low``, ``loss_agg_mode``, ``kl_loss_type``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from openforge_core.errors import FieldViolation, InvalidArgument
+
+Algorithm = Literal["grpo", "rloo", "reinforce++"]
+PolicyLoss = Literal["ppo-clip", "gspo"]
+LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KlType = Literal["k1", "k2", "k3", "kl", "abs", "mse", "low_var_kl", "k3+", "low_var_kl+"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SftConfig(_Section):
+    """Rejection-sampling fine-tuning: train only on rollouts whose reward passes a bar.
+
+    Attributes:
+        min_reward: Keep a rollout's samples when its reward is >= this.
+        source_run_id: Fine-tune on the completed groups of this recorded run (read from the
+            store; no rollouts are submitted). Empty: submit rollouts like an RL run and keep
+            those that pass (online rejection sampling).
+    """
+
+    min_reward: float = 1.0
+    source_run_id: str = ""
+
+
+class RunConfig(_Section):
+    """One training run.
+
+    Attributes:
+        model: HF model directory (safetensors) the run starts from.
+        mode: ``rl`` (policy gradient) or ``sft`` (rejection-sampling fine-tuning).
+        task_split: Task set (a folder of Harbor task folders or a named split) to train on.
+        tasks: Task ids of ``task_split``; each step draws ``groups_per_step`` of them.
+        eval_split: Task set for evaluation (default: ``task_split``).
+        eval_tasks: Task ids evaluated every ``eval_interval`` steps (empty: no evaluation).
+        harness: Harness name (claude-code, codex, openclaw, mini-swe-agent, command).
+        model_name: Model name written into the harness's config.
+        group_size: Rollouts per task (the GRPO/RLOO group size n).
+        groups_per_step: Completed groups per optimizer step.
+        algorithm: Advantage estimator (veRL ``core_algos``: grpo, rloo, reinforce_plus_plus).
+        loss: Policy loss (veRL ``vanilla`` PPO-clip or ``gspo``).
+        loss_agg_mode: veRL ``agg_loss`` mode.
+        learning_rate: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        max_grad_norm: Gradient clipping by global norm (0 = off).
+        kl_coef: Coefficient of the KL penalty to the initial policy (0 = no reference model).
+        kl_loss_type: veRL ``kl_penalty`` estimator.
+        entropy_coeff: Entropy bonus coefficient (0 = off).
+        clip_ratio_low: PPO clip ε below 1 (ratio >= 1 - ε).
+        clip_ratio_high: PPO clip ε above 1 (ratio <= 1 + ε; DAPO's clip-higher when > low).
+        clip_ratio_c: Dual-clip PPO bound for negative advantages (> 1).
+        max_staleness: Samples whose oldest sampled token is more than this many policy
+            versions behind the trainer are dropped (and counted).
+        is_cap: Truncated importance sampling: token weights min(π_old/π_behaviour, is_cap).
+        ppo_epochs: Passes over each batch.
+        mini_batches: Optimizer steps per pass (the batch is split into this many parts).
+        micro_batch_tokens: Padded tokens per forward/backward (gradient accumulation).
+        temperature: Sampling temperature of the rollouts; logits are divided by it before the
+            logprobs are taken, as the engine reports behaviour logprobs after temperature.
+        gamma: Discount of REINFORCE++ returns.
+        norm_adv_by_std: GRPO divides by the group's reward std (False: Dr. GRPO).
+        steps: Optimizer steps of the run.
+        eval_interval: Evaluate every this many steps (0 = never).
+        pass_threshold: A rollout passes when its reward is >= this (pass@k, pass^k).
+        pass_k: The k values of pass@k and pass^k (each <= group_size).
+        seed: Seed of task order and of torch.
+        rollout_timeout_s: Overrides the task timeout (0 = the task's own).
+        backend: Trainer backend name (``torch``).
+        device: Torch device of the backend (``cpu``, ``cuda``, ``cuda:1``).
+        sft: Rejection-sampling fine-tuning settings (mode ``sft``).
+    """
+
+    model: str
+    mode: Literal["rl", "sft"] = "rl"
+    task_split: str = ""
+    tasks: list[str] = Field(default_factory=list)
+    eval_split: str = ""
+    eval_tasks: list[str] = Field(default_factory=list)
+    harness: str = "command"
+    model_name: str = "policy"
+    group_size: int = Field(default=4, ge=1)
+    groups_per_step: int = Field(default=1, ge=1)
+    algorithm: Algorithm = "grpo"
+    loss: PolicyLoss = "ppo-clip"
+    loss_agg_mode: LossAggMode = "token-mean"
+    learning_rate: float = Field(default=1e-6, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float = Field(default=1.0, ge=0)
+    kl_coef: float = Field(default=0.0, ge=0)
+    kl_loss_type: KlType = "low_var_kl"
+    entropy_coeff: float = Field(default=0.0, ge=0)
+    clip_ratio_low: float = Field(default=0.2, gt=0, lt=1)
+    clip_ratio_high: float = Field(default=0.28, gt=0)
+    clip_ratio_c: float = Field(default=3.0, gt=1)
+    max_staleness: int = Field(default=1, ge=0)
+    is_cap: float = Field(default=2.0, gt=0)
+    ppo_epochs: int = Field(default=1, ge=1)
+    mini_batches: int = Field(default=1, ge=1)
+    micro_batch_tokens: int = Field(default=16384, ge=1)
+    temperature: float = Field(default=1.0, gt=0)
+    gamma: float = Field(default=1.0, gt=0, le=1)
+    norm_adv_by_std: bool = True
+    steps: int = Field(default=1, ge=1)
+    eval_interval: int = Field(default=0, ge=0)
+    pass_threshold: float = 1.0
+    pass_k: list[int] = Field(default_factory=lambda: [1])
+    seed: int = 0
+    rollout_timeout_s: float = Field(default=0.0, ge=0)
+    backend: str = "torch"
+    device: str = "cpu"
+    sft: SftConfig = SftConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        if self.mode == "rl" or not self.sft.source_run_id:
+            if not self.tasks:
+                raise ValueError("tasks: at least one task id is needed to request rollouts")
+        if any(k < 1 or k > self.group_size for k in self.pass_k):
+            raise ValueError("pass_k: every k must be in [1, group_size]")
+        if self.mini_batches > self.groups_per_step * self.group_size:
+            raise ValueError("mini_batches: more mini-batches than rollouts per step")
+        return self
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates per step (``ppo_epochs * mini_batches``)."""
+        return self.ppo_epochs * self.mini_batches
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Reads a run config file: ``.json``, or ``.yaml``/``.yml``.
+
+    Raises:
+        InvalidArgument: The file is missing, unreadable or not a mapping.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidArgument.field("config_path", f"cannot read {path}: {exc.strerror}") from exc
+    data: Any
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise InvalidArgument.field("config_path", f"{path} does not parse: {exc}") from exc
+    else:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise InvalidArgument.field("config_path", f"{path} does not parse: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidArgument.field("config_path", f"{path} must hold a mapping of config fields")
+    return data
+
+
+def parse_run_config(data: dict[str, Any]) -> RunConfig:
+    """Validates a config mapping.
+
+    Raises:
+        InvalidArgument: With one field violation per invalid field.
+    """
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        violations = [
+            FieldViolation(".".join(str(p) for p in err["loc"]) or "config", err["msg"]) for err in exc.errors()
+        ]
+        summary = "; ".join(f"{v.field}: {v.description}" for v in violations)
+        raise InvalidArgument(f"run config does not validate: {summary}", violations=violations) from None

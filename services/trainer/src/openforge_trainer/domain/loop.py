@@ -1,0 +1,372 @@
+"""The training loop of one run (ARCHITECTURE.md, "The RL loop").
+
+Per step: request rollout groups from the orchestrator (ahead of time, up to ``max_staleness``
+steps) → take completed groups from the store in completion order → drop samples older than the
+staleness bound (counted; more groups are requested to replace them) → train (RL or SFT) on the
+backend → checkpoint (weights, optimizer, trainer state) → ``UpdateWeights`` on inference → metrics.
+
+Rollouts in flight are never aborted: a weight update only changes the version that samples
+their next tokens, and their samples are judged by the staleness bound when they arrive.
+
+Resume: every step ends with a checkpoint holding the store cursor of the last group it consumed
+and the ids of groups requested but not consumed. A restarted loop loads the newest checkpoint,
+pushes its weights to inference again (idempotent per version), and reads groups after the
+cursor, so no step is repeated or skipped and no consumed group is trained on twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import statistics
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+
+from openforge_trainer.domain.config import RunConfig
+from openforge_trainer.domain.ports import (
+    Checkpoint,
+    CheckpointStore,
+    GroupSource,
+    MetricsSink,
+    RolloutRequest,
+    RolloutSubmitter,
+    WeightSync,
+)
+from openforge_trainer.domain.samples import (
+    CompletedGroup,
+    TrainBatch,
+    TrainSample,
+    filter_stale,
+    group_metrics,
+    select_for_sft,
+)
+from openforge_trainer.domain.state import TrainerState
+
+if TYPE_CHECKING:
+    from openforge_trainer.backends.base import TrainerBackend
+
+log = structlog.get_logger(__name__)
+
+BackendFactory = Callable[[RunConfig], "TrainerBackend"]
+
+
+class StopRequested(Exception):
+    """The run was asked to stop while waiting; the step in progress is abandoned uncommitted."""
+
+
+@dataclass
+class LoopDeps:
+    """The loop's collaborators (built by the composition root).
+
+    Attributes:
+        backend_factory: Builds the run's backend.
+        submitter: The orchestrator.
+        groups: The store's completed groups.
+        weights: The inference service.
+        checkpoints: Checkpoint storage.
+        sinks: Where step metrics go.
+    """
+
+    backend_factory: BackendFactory
+    submitter: RolloutSubmitter
+    groups: GroupSource
+    weights: WeightSync
+    checkpoints: CheckpointStore
+    sinks: list[MetricsSink] = field(default_factory=list)
+
+
+def eval_run_id(run_id: str) -> str:
+    """Run id under which a run's evaluation rollouts are recorded."""
+    return f"{run_id}-eval"
+
+
+def pick_tasks(tasks: list[str], n: int, seed: int, key: str) -> tuple[str, ...]:
+    """``n`` task ids drawn deterministically from (seed, key): a shuffled pass over ``tasks``,
+    repeated when ``n`` exceeds their number (the same key always gives the same tasks)."""
+    rng = random.Random(f"{seed}:{key}")
+    out: list[str] = []
+    while len(out) < n:
+        order = list(tasks)
+        rng.shuffle(order)
+        out.extend(order[: n - len(out)])
+    return tuple(out)
+
+
+class _Feed:
+    """Pulls completed groups one at a time, abandoning the wait when the run stops."""
+
+    def __init__(self, stream: AsyncIterator[CompletedGroup], stop: asyncio.Event) -> None:
+        self._stream = stream
+        self._stop = stop
+
+    async def next(self) -> CompletedGroup:
+        nxt = asyncio.ensure_future(anext(self._stream))
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            done, _ = await asyncio.wait({nxt, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+        if nxt in done:
+            return nxt.result()
+        nxt.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+            await nxt  # let the generator leave its await before it is closed
+        raise StopRequested
+
+    async def close(self) -> None:
+        aclose = getattr(self._stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class TrainingLoop:
+    """Runs one run to its step count, or until ``stop`` is set.
+
+    Args:
+        run_id: The run.
+        config: Its validated config.
+        deps: Collaborators.
+        on_progress: Called after every step with (step, policy_version, checkpoint path).
+        on_metrics: Called with (step, metrics, time) after every step (for WatchMetrics).
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        config: RunConfig,
+        deps: LoopDeps,
+        *,
+        on_progress: Callable[[int, int, str], None] | None = None,
+        on_metrics: Callable[[int, dict[str, float], float], None] | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.config = config
+        self.deps = deps
+        self._on_progress = on_progress or (lambda step, version, uri: None)
+        self._on_metrics = on_metrics or (lambda step, metrics, t: None)
+        self.state = TrainerState()
+        self._backend: TrainerBackend | None = None
+
+    @property
+    def _sft_offline(self) -> bool:
+        return self.config.mode == "sft" and bool(self.config.sft.source_run_id)
+
+    async def run(self, stop: asyncio.Event) -> bool:
+        """Trains until the step count is reached (returns True) or ``stop`` is set (False).
+
+        Raises:
+            Exception: Whatever a collaborator raised; the last checkpoint stays resumable.
+        """
+        cfg = self.config
+        latest = await asyncio.to_thread(self.deps.checkpoints.latest, self.run_id)
+        if latest is not None:
+            self.state = latest.state
+        backend = await asyncio.to_thread(self.deps.backend_factory, cfg)
+        self._backend = backend
+        try:
+            await asyncio.to_thread(backend.load, Path(cfg.model), latest.path if latest else None)
+            if latest is not None:
+                log.info("run.resumed", run_id=self.run_id, step=self.state.step, cursor=self.state.cursor)
+                await self._sync_weights(latest)
+            source = cfg.sft.source_run_id if self._sft_offline else self.run_id
+            feed = _Feed(self.deps.groups.watch(source, self.state.cursor), stop)
+            try:
+                while self.state.step < cfg.steps:
+                    if stop.is_set():
+                        return False
+                    try:
+                        await self._step(feed, stop)
+                    except StopRequested:
+                        return False
+            finally:
+                await feed.close()
+            return True
+        finally:
+            await asyncio.to_thread(backend.close)
+            self._backend = None
+
+    async def _step(self, feed: _Feed, stop: asyncio.Event) -> None:
+        cfg, st = self.config, self.state
+        assert self._backend is not None
+        t0 = time.perf_counter()
+        await self._submit_ahead()
+        groups, kept, dropped, staleness, cursor, pending = await self._collect(feed)
+        t1 = time.perf_counter()
+        batch = TrainBatch(tuple(kept), st.policy_version)
+        train = self._backend.train_sft if cfg.mode == "sft" else self._backend.train_rl
+        metrics = await asyncio.to_thread(train, batch)
+        t2 = time.perf_counter()
+        new_state = TrainerState(
+            step=st.step + 1,
+            policy_version=st.policy_version + 1,
+            cursor=cursor,
+            submitted_steps=st.submitted_steps,
+            refills=st.refills,
+            pending_groups=sorted(pending),
+            samples_dropped_total=st.samples_dropped_total + len(dropped),
+            tokens_total=st.tokens_total + batch.num_tokens,
+            eval_cursor=st.eval_cursor,
+        )
+        save = self._backend.save_checkpoint
+        ckpt = await asyncio.to_thread(self.deps.checkpoints.write, self.run_id, new_state, save)
+        self.state = new_state
+        t3 = time.perf_counter()
+        await self._sync_weights(ckpt)
+        t4 = time.perf_counter()
+        metrics.update(group_metrics(groups, pass_threshold=cfg.pass_threshold, pass_k=cfg.pass_k))
+        metrics.update(
+            {
+                "policy_version": float(new_state.policy_version),
+                "samples/trained": float(len(kept)),
+                "samples/dropped": float(len(dropped)),
+                "samples/dropped_total": float(new_state.samples_dropped_total),
+                "groups/trained": float(len(groups)),
+                "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
+                "staleness/max": float(max(staleness, default=0)),
+                "time/wait_rollouts_s": t1 - t0,
+                "time/train_s": t2 - t1,
+                "time/checkpoint_s": t3 - t2,
+                "time/weight_sync_s": t4 - t3,
+                "time/step_s": t4 - t0,
+                "tokens/per_s_step": batch.num_tokens / (t4 - t0) if t4 > t0 else 0.0,
+            }
+        )
+        if cfg.eval_interval and cfg.eval_tasks and new_state.step % cfg.eval_interval == 0:
+            te = time.perf_counter()
+            metrics.update(await self._evaluate(feed_stop=stop))
+            metrics["time/eval_s"] = time.perf_counter() - te
+        await self._emit(new_state.step, metrics)
+        self._on_progress(new_state.step, new_state.policy_version, str(ckpt.path))
+        log.info(
+            "run.step_completed",
+            run_id=self.run_id,
+            step=new_state.step,
+            version=new_state.policy_version,
+            reward_mean=metrics.get("reward/mean"),
+            dropped=len(dropped),
+        )
+
+    async def _emit(self, step: int, metrics: dict[str, float]) -> None:
+        now = time.time()
+        self._on_metrics(step, metrics, now)
+        for sink in self.deps.sinks:
+            await sink.write(self.run_id, step, metrics, now)
+
+    async def _sync_weights(self, ckpt: Checkpoint) -> None:
+        version = ckpt.state.policy_version
+        if version == 0:
+            return
+        serving = await self.deps.weights.update_weights(
+            f"{self.run_id}/weights/{version}", str(ckpt.path), version, ckpt.checksum
+        )
+        log.info("run.weights_synced", run_id=self.run_id, version=version, serving=serving)
+
+    # ---- rollouts ----
+
+    def _request(
+        self, key: str, n: int, *, run_id: str = "", task_set: str = "", tasks: list[str] | None = None
+    ) -> RolloutRequest:
+        cfg = self.config
+        return RolloutRequest(
+            request_id=f"{self.run_id}/{key}",
+            run_id=run_id or self.run_id,
+            task_set=task_set or cfg.task_split,
+            task_ids=pick_tasks(tasks or cfg.tasks, n, cfg.seed, key),
+            group_size=cfg.group_size,
+            harness=cfg.harness,
+            model_name=cfg.model_name,
+            min_policy_version=self.state.policy_version,
+            timeout_s=cfg.rollout_timeout_s,
+        )
+
+    async def _submit_ahead(self) -> None:
+        """Requests the groups of every step up to ``step + 1 + max_staleness`` not yet requested."""
+        if self._sft_offline:
+            return
+        st, cfg = self.state, self.config
+        horizon = min(cfg.steps, st.step + 1 + cfg.max_staleness)
+        while st.submitted_steps < horizon:
+            nxt = st.submitted_steps + 1
+            ids = await self.deps.submitter.submit(self._request(f"step/{nxt}", cfg.groups_per_step))
+            st.pending_groups = sorted(set(st.pending_groups) | set(ids))
+            st.submitted_steps = nxt
+
+    async def _refill(self, missing: int) -> None:
+        st = self.state
+        st.refills += 1
+        ids = await self.deps.submitter.submit(self._request(f"refill/{st.refills}", missing))
+        st.pending_groups = sorted(set(st.pending_groups) | set(ids))
+        log.info("run.groups_refilled", run_id=self.run_id, groups=missing, refill=st.refills)
+
+    async def _collect(
+        self, feed: _Feed
+    ) -> tuple[list[CompletedGroup], list[TrainSample], list[TrainSample], list[int], str, set[str]]:
+        """Completed groups until ``groups_per_step`` have trainable samples.
+
+        Returns:
+            (groups used, kept samples, dropped samples, staleness of kept samples, cursor of the
+            last group consumed, group ids still pending).
+        """
+        cfg, st = self.config, self.state
+        pending = set(st.pending_groups)
+        cursor = st.cursor
+        groups: list[CompletedGroup] = []
+        kept: list[TrainSample] = []
+        dropped: list[TrainSample] = []
+        staleness: list[int] = []
+        while len(groups) < cfg.groups_per_step:
+            missing = cfg.groups_per_step - len(groups)
+            if not self._sft_offline and len(pending) < missing:
+                st.pending_groups = sorted(pending)
+                await self._refill(missing - len(pending))
+                pending = set(st.pending_groups)
+            group = await feed.next()
+            cursor = group.cursor
+            pending.discard(group.group_id)
+            candidates: list[TrainSample] = list(group.samples)
+            if cfg.mode == "sft":
+                candidates = select_for_sft(candidates, cfg.sft.min_reward)
+            if self._sft_offline:
+                usable, old, ages = candidates, [], [0] * len(candidates)
+            else:
+                report = filter_stale(candidates, st.policy_version, cfg.max_staleness)
+                usable, old, ages = report.kept, report.dropped, report.staleness
+            dropped.extend(old)
+            if old:
+                log.info("run.samples_dropped", run_id=self.run_id, group_id=group.group_id, samples=len(old))
+            if any(s.sampled_tokens for s in usable):
+                groups.append(group)
+                kept.extend(usable)
+                staleness.extend(ages)
+        st.pending_groups = sorted(pending)
+        return groups, kept, dropped, staleness, cursor, pending
+
+    # ---- evaluation ----
+
+    async def _evaluate(self, feed_stop: asyncio.Event) -> dict[str, float]:
+        """Runs one group per eval task at the current policy and waits for all of them."""
+        cfg, st = self.config, self.state
+        run = eval_run_id(self.run_id)
+        request = self._request(
+            f"eval/{st.step}", len(cfg.eval_tasks), run_id=run, task_set=cfg.eval_split, tasks=cfg.eval_tasks
+        )
+        request = RolloutRequest(**{**request.__dict__, "task_ids": tuple(cfg.eval_tasks)})
+        waiting = set(await self.deps.submitter.submit(request))
+        feed = _Feed(self.deps.groups.watch(run, st.eval_cursor), feed_stop)
+        groups: list[CompletedGroup] = []
+        try:
+            while waiting:
+                group = await feed.next()
+                st.eval_cursor = group.cursor
+                if group.group_id in waiting:
+                    waiting.discard(group.group_id)
+                    groups.append(group)
+        finally:
+            await feed.close()
+        return group_metrics(groups, pass_threshold=cfg.pass_threshold, pass_k=cfg.pass_k, prefix="eval/")

@@ -1,0 +1,246 @@
+"""Training samples and completed groups as the trainer sees them, and what it does with them
+before any tensor exists: staleness filtering, SFT selection and per-step data metrics.
+
+Pure Python (no torch): the loop runs these on the event loop; backends turn a
+:class:`TrainBatch` into tensors.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One training sequence (``openforge.trajectory.v1.Sample`` plus its group).
+
+    Response arrays are parallel (length R).
+
+    Attributes:
+        sample_id: ``"<rollout_id>/<index>"``.
+        rollout_id: Rollout it came from.
+        group_id: The rollout's group (the GRPO/RLOO index).
+        task_id: The rollout's task.
+        prompt_ids: Prompt token ids (P).
+        response_ids: Every token after the prompt (R): sampled and harness/tool tokens.
+        loss_mask: 1 = sampled by the policy (trained on), 0 = harness/tool/environment.
+        behaviour_logprobs: Logprob the engine reported for each sampled token (nats; 0 where
+            the mask is 0).
+        policy_versions: Policy version that sampled each token (0 where the mask is 0).
+        reward: The rollout's reward.
+    """
+
+    sample_id: str
+    rollout_id: str
+    group_id: str
+    task_id: str
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    behaviour_logprobs: tuple[float, ...]
+    policy_versions: tuple[int, ...]
+    reward: float
+
+    def __post_init__(self) -> None:
+        n = len(self.response_ids)
+        if not (len(self.loss_mask) == len(self.behaviour_logprobs) == len(self.policy_versions) == n):
+            raise ValueError(f"sample {self.sample_id}: response arrays are not parallel")
+        if not self.prompt_ids:
+            raise ValueError(f"sample {self.sample_id}: empty prompt")
+
+    @property
+    def sampled_tokens(self) -> int:
+        """Tokens with loss mask 1."""
+        return sum(self.loss_mask)
+
+    def oldest_version(self) -> int | None:
+        """Oldest policy version among sampled tokens (None when nothing was sampled)."""
+        versions = [v for v, m in zip(self.policy_versions, self.loss_mask, strict=True) if m]
+        return min(versions) if versions else None
+
+
+@dataclass(frozen=True)
+class CompletedGroup:
+    """A group whose rollouts all ended (``WatchCompletedGroupsResponse``).
+
+    Attributes:
+        group_id: The group.
+        task_id: Its task.
+        rewards: Reward of each rollout that has one, by rollout id.
+        samples: Every sample of every rollout of the group.
+        cursor: The store's resume cursor of this group.
+    """
+
+    group_id: str
+    task_id: str
+    rewards: dict[str, float]
+    samples: tuple[TrainSample, ...]
+    cursor: str
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """What one optimizer step trains on.
+
+    Attributes:
+        samples: The samples, grouped by ``group_id`` (order is kept).
+        policy_version: The trainer's policy version when the batch was built.
+    """
+
+    samples: tuple[TrainSample, ...]
+    policy_version: int
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt + response tokens over all samples."""
+        return sum(len(s.prompt_ids) + len(s.response_ids) for s in self.samples)
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        """Loss-mask tokens over all samples."""
+        return sum(s.sampled_tokens for s in self.samples)
+
+
+@dataclass
+class StalenessReport:
+    """What the staleness filter kept and dropped.
+
+    Attributes:
+        kept: Samples within the bound.
+        dropped: Samples older than the bound.
+        staleness: Staleness (versions behind) of each kept sample.
+    """
+
+    kept: list[TrainSample] = field(default_factory=list)
+    dropped: list[TrainSample] = field(default_factory=list)
+    staleness: list[int] = field(default_factory=list)
+
+
+def filter_stale(samples: Iterable[TrainSample], current_version: int, max_staleness: int) -> StalenessReport:
+    """Drops samples whose oldest sampled token is more than ``max_staleness`` versions old.
+
+    A sample's staleness is ``current_version - min(policy_versions over loss-mask tokens)``;
+    a sample with no sampled token has staleness 0 (nothing in it is trained on by the policy
+    loss anyway).
+
+    Args:
+        samples: Candidate samples.
+        current_version: The trainer's policy version now.
+        max_staleness: Largest staleness kept (0 = strictly on-policy).
+
+    Returns:
+        Kept and dropped samples.
+    """
+    report = StalenessReport()
+    for s in samples:
+        oldest = s.oldest_version()
+        staleness = 0 if oldest is None else max(0, current_version - oldest)
+        if staleness > max_staleness:
+            report.dropped.append(s)
+        else:
+            report.kept.append(s)
+            report.staleness.append(staleness)
+    return report
+
+
+def select_for_sft(samples: Iterable[TrainSample], min_reward: float) -> list[TrainSample]:
+    """Rejection sampling: the samples of rollouts whose reward is >= ``min_reward`` and that
+    hold at least one sampled token."""
+    return [s for s in samples if s.reward >= min_reward and s.sampled_tokens > 0]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one task: ``1 - C(n-c, k) / C(n, k)``.
+
+    Source: Chen et al. 2021, "Evaluating Large Language Models Trained on Code", eq. 1.
+
+    Args:
+        n: Rollouts of the task.
+        c: Rollouts that passed.
+        k: Attempts (1 <= k <= n).
+
+    Raises:
+        ValueError: ``k`` outside [1, n] or ``c`` outside [0, n].
+    """
+    _check_nck(n, c, k)
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """pass^k of one task: the probability that k attempts drawn without replacement all pass,
+    ``C(c, k) / C(n, k)``.
+
+    Source: Yao et al. 2024, "τ-bench", section 5 (pass^k).
+
+    Args:
+        n: Rollouts of the task.
+        c: Rollouts that passed.
+        k: Attempts (1 <= k <= n).
+
+    Raises:
+        ValueError: ``k`` outside [1, n] or ``c`` outside [0, n].
+    """
+    _check_nck(n, c, k)
+    return math.comb(c, k) / math.comb(n, k)
+
+
+def _check_nck(n: int, c: int, k: int) -> None:
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k} outside [1, n={n}]")
+    if not 0 <= c <= n:
+        raise ValueError(f"c={c} outside [0, n={n}]")
+
+
+def group_metrics(
+    groups: Sequence[CompletedGroup], *, pass_threshold: float, pass_k: Sequence[int], prefix: str = ""
+) -> dict[str, float]:
+    """Reward, pass@k / pass^k (per task and mean over tasks) and response length of groups.
+
+    Rewards are per rollout (every rollout of a group that has a reward, whether or not its
+    samples were trained on). Tasks with fewer rollouts than k get no pass@k.
+
+    Args:
+        groups: The groups.
+        pass_threshold: A rollout passes when its reward is >= this.
+        pass_k: The k values.
+        prefix: Prepended to every name (``"eval/"``).
+
+    Returns:
+        ``reward/mean``, ``reward/std``, ``reward/min``, ``reward/max``,
+        ``pass@k/<task>``, ``pass^k/<task>``, ``pass@k/mean``, ``pass^k/mean``,
+        ``response/length_mean`` (tokens after the prompt), ``response/sampled_mean``
+        (loss-mask tokens).
+    """
+    out: dict[str, float] = {}
+    rewards = [r for g in groups for r in g.rewards.values()]
+    if rewards:
+        out["reward/mean"] = statistics.fmean(rewards)
+        out["reward/std"] = statistics.pstdev(rewards)
+        out["reward/min"] = min(rewards)
+        out["reward/max"] = max(rewards)
+    by_task: dict[str, list[float]] = {}
+    for g in groups:
+        by_task.setdefault(g.task_id, []).extend(g.rewards.values())
+    for k in pass_k:
+        at, hat = [], []
+        for task, rs in sorted(by_task.items()):
+            if len(rs) < k:
+                continue
+            c = sum(1 for r in rs if r >= pass_threshold)
+            out[f"pass@{k}/{task}"] = pass_at_k(len(rs), c, k)
+            out[f"pass^{k}/{task}"] = pass_hat_k(len(rs), c, k)
+            at.append(out[f"pass@{k}/{task}"])
+            hat.append(out[f"pass^{k}/{task}"])
+        if at:
+            out[f"pass@{k}/mean"] = statistics.fmean(at)
+            out[f"pass^{k}/mean"] = statistics.fmean(hat)
+    samples = [s for g in groups for s in g.samples]
+    if samples:
+        out["response/length_mean"] = statistics.fmean(len(s.response_ids) for s in samples)
+        out["response/sampled_mean"] = statistics.fmean(s.sampled_tokens for s in samples)
+    return {prefix + k: v for k, v in out.items()}
