@@ -38,10 +38,10 @@ def _finish(r: common_pb2.Rollout, reward: float, calls: int) -> tuple[str, orch
 
 
 def test_migrations_are_versioned_and_idempotent(repo: SqlRepository) -> None:
-    assert repo.schema_version() == 1
+    assert repo.schema_version() == 2
     repo.close()
     repo.open()
-    assert repo.schema_version() == 1
+    assert repo.schema_version() == 2
 
 
 def test_redelivery_never_duplicates(repo: SqlRepository) -> None:
@@ -196,3 +196,19 @@ def test_run_manifest_is_kept(repo: SqlRepository) -> None:
     repo.ingest([("run/run", event)])
     assert repo.run_manifest("run") == manifest
     assert repo.run_manifest("other") is None
+
+
+def test_trainer_step_metrics_are_kept_per_step(repo: SqlRepository) -> None:
+    from openforge.trainer.v1 import events_pb2 as trainer_events
+
+    def step(n: int, reward: float) -> tuple[str, trainer_events.StepCompleted]:
+        eid = f"step/run/{n}"
+        return eid, trainer_events.StepCompleted(
+            event_id=eid, run_id="run", step=n, policy_version=n, metrics={"reward/mean": reward}
+        )
+
+    repo.ingest([step(2, 0.5), step(1, 0.25)])
+    repo.ingest([step(2, 0.5)])  # redelivered
+    got = repo.step_metrics("run")
+    assert [(m.step, m.metrics["reward/mean"]) for m in got] == [(1, 0.25), (2, 0.5)]
+    assert repo.step_metrics("other") == []

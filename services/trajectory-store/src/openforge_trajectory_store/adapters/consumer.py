@@ -1,4 +1,4 @@
-"""Consumes call, rollout and run events into the repository (durable JetStream consumers).
+"""Consumes call, rollout, run and training-step events into the repository (durable JetStream consumers).
 
 Each fetch of events is committed in one transaction and acked after the
 commit; completed groups are announced with ``GroupCompleted`` afterwards and
@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 
 from openforge.orchestrator.v1 import events_pb2 as orchestrator_events
 from openforge.proxy.v1 import events_pb2 as proxy_events
+from openforge.trainer.v1 import events_pb2 as trainer_events
 from openforge.trajectory.v1 import events_pb2 as trajectory_events
 from openforge_core.events import Delivery, EventBus, subject_for
 from openforge_core.telemetry import use_context
@@ -29,6 +30,7 @@ SUBJECTS = [
     subject_for("orchestrator", "rollout_started"),
     subject_for("orchestrator", "rollout_finished"),
     subject_for("proxy", "call_recorded"),
+    subject_for("trainer", "step_completed"),
 ]
 TYPES: list[type[Message]] = [
     orchestrator_events.RunRegistered,
@@ -36,6 +38,7 @@ TYPES: list[type[Message]] = [
     orchestrator_events.RolloutStarted,
     orchestrator_events.RolloutFinished,
     proxy_events.CallRecorded,
+    trainer_events.StepCompleted,
 ]
 GROUP_COMPLETED = subject_for("trajectory", "group_completed")
 

@@ -17,6 +17,7 @@ Schema (versioned; :data:`MIGRATIONS` are applied in order and recorded in
 * ``calls``: one row per attempt; the serialized ``CallRecord`` with its prompt
   stored as a delta on an earlier call (:mod:`..domain.tokens`).
 * ``samples``: serialized ``Sample`` per (rollout, index).
+* ``step_metrics``: the trainer's ``StepCompleted`` per (run, step) (schema version 2).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from google.protobuf.message import Message
 from openforge.common.v1 import common_pb2
 from openforge.orchestrator.v1 import events_pb2 as orch_events
 from openforge.proxy.v1 import events_pb2 as proxy_events
+from openforge.trainer.v1 import events_pb2 as trainer_events
 from openforge.trajectory.v1 import trajectory_pb2
 from openforge_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from openforge_trajectory_store.domain import tokens, wire
@@ -72,6 +74,10 @@ MIGRATIONS: list[list[str]] = [
         "CREATE TABLE samples (rollout_id TEXT NOT NULL, idx INTEGER NOT NULL, run_id TEXT NOT NULL,"
         " data {blob} NOT NULL, PRIMARY KEY (rollout_id, idx))",
         "CREATE INDEX samples_run ON samples (run_id)",
+    ],
+    [
+        "CREATE TABLE step_metrics (run_id TEXT NOT NULL, step BIGINT NOT NULL, policy_version BIGINT NOT NULL,"
+        " data {blob} NOT NULL, PRIMARY KEY (run_id, step))",
     ],
 ]
 
@@ -226,7 +232,7 @@ class SqlRepository:
         Args:
             events: (event id, event message[, the event's wire bytes]) for
                 ``RolloutsSubmitted``, ``RolloutStarted``, ``RolloutFinished``,
-                ``RunRegistered`` or ``CallRecorded``. With the wire bytes a call
+                ``RunRegistered``, ``CallRecorded`` or the trainer's ``StepCompleted``. With the wire bytes a call
                 record is stored without being serialized again.
 
         Returns:
@@ -277,6 +283,13 @@ class SqlRepository:
                         "INSERT INTO runs (run_id, create_time, manifest) VALUES (?, ?, ?)"
                         " ON CONFLICT (run_id) DO UPDATE SET manifest = excluded.manifest",
                         (m.run_id, now, m.SerializeToString()),
+                    )
+                elif isinstance(event, trainer_events.StepCompleted):
+                    self._x(
+                        "INSERT INTO step_metrics (run_id, step, policy_version, data) VALUES (?, ?, ?, ?)"
+                        " ON CONFLICT (run_id, step) DO UPDATE SET policy_version = excluded.policy_version,"
+                        " data = excluded.data",
+                        (event.run_id, event.step, event.policy_version, event.SerializeToString()),
                     )
                 elif isinstance(event, proxy_events.CallRecorded):
                     raw = item[2] if len(item) > 2 else None
@@ -550,6 +563,12 @@ class SqlRepository:
                     out.append((r, trajectory_pb2.Sample.FromString(bytes(sdata))))
         return out
 
+    def step_metrics(self, run_id: str) -> list[trainer_events.StepCompleted]:
+        """The trainer's per-step metrics of a run, in step order."""
+        with self._lock:
+            rows = self._x("SELECT data FROM step_metrics WHERE run_id = ? ORDER BY step", (run_id,)).fetchall()
+        return [trainer_events.StepCompleted.FromString(bytes(r[0])) for r in rows]
+
     def run_manifest(self, run_id: str) -> common_pb2.RunManifest | None:
         """The run's manifest, if one was registered."""
         with self._lock:
@@ -596,7 +615,7 @@ class SqlRepository:
             ).fetchall()
             runs = sorted({r[0] for r in rows} | {r[0] for r in old_registered})
             for run_id in runs:
-                for table in ("calls", "samples", "rollouts", "groups_", "tasks", "runs"):
+                for table in ("calls", "samples", "rollouts", "groups_", "tasks", "runs", "step_metrics"):
                     self._x(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             self._x("DELETE FROM events_seen WHERE seen_at < ?", (cutoff_unix_s,))
         for run_id in runs:
