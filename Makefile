@@ -13,7 +13,7 @@ STAMP := $(VENV)/.setup-stamp
 TYPED_SRC := libs/core/src libs/testing/src libs/cli/src $(wildcard services/*/src) tools
 TYPED_TESTS := $(wildcard libs/*/tests services/*/tests) tests
 
-.PHONY: help setup harness-clis test pytest lint typecheck protos protos-check up down status
+.PHONY: help setup harness-clis harnesses test pytest lint typecheck protos protos-check up down status
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -34,6 +34,9 @@ setup: $(STAMP) ## Install everything pinned (uv.lock, requirements/*.txt, packa
 
 harness-clis: ## Install the pinned Claude Code, Codex and OpenClaw CLIs (+ Node 24) used by the real-client tests
 	bash tools/harness-clis/install.sh
+
+harnesses: setup harness-clis ## Also install mini-swe-agent for the sandboxed rollout tests (needs bubblewrap: apt-get install bubblewrap)
+	$(BIN)/openforge harness install mini-swe-agent
 
 lint: setup ## ruff (lint + format check) and buf lint
 	$(BIN)/ruff check .

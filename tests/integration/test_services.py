@@ -91,7 +91,8 @@ def test_orchestrator_store_trainer_reads(
                 grpc.StatusCode.INVALID_ARGUMENT
             )
             assert await _code(tstub.GetRun(trainer_pb2.GetRunRequest(run_id="x"))) == grpc.StatusCode.NOT_FOUND
-            assert await _code(tstub.StartRun(trainer_pb2.StartRunRequest())) == grpc.StatusCode.UNIMPLEMENTED
+            # A run needs a config: an empty request is refused, naming what is missing.
+            assert await _code(tstub.StartRun(trainer_pb2.StartRunRequest())) == grpc.StatusCode.INVALID_ARGUMENT
 
     asyncio.run(run())
 

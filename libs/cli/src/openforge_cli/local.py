@@ -224,6 +224,8 @@ def up(
             svc_env = {**env, "OPENFORGE_GRPC__HOST": host, "OPENFORGE_GRPC__PORT": str(base_port + i)}
             if name == "proxy":
                 svc_env.update({"OPENFORGE_HTTP__HOST": host, "OPENFORGE_HTTP__PORT": str(http_port)})
+            if name == "orchestrator":  # sandboxes reach the proxy's harness-facing HTTP through it
+                svc_env["OPENFORGE_HARNESS__PROXY_HTTP"] = f"{host}:{http_port}"
             p = _spawn([sys.executable, "-m", module], svc_env, log)
             procs[name] = p
             state.processes.append(ProcessInfo(name, p.pid, addresses[name], str(log)))

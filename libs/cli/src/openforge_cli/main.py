@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from openforge_cli import local
+from openforge_cli.harness import harness
 from openforge_cli.model import model
 
 STATE_DIR_HELP = "Folder for logs, NATS data and the process list."
@@ -113,6 +114,7 @@ def status(state_dir: Path) -> None:
     sys.exit(0 if healthy else 1)
 
 
+main.add_command(harness)
 main.add_command(model)
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ def rollout_to_proto(r: Rollout) -> common_pb2.Rollout:
         status=STATUS_TO_PROTO[r.status],
         failure_reason=r.failure_reason,
         min_policy_version=r.min_policy_version,
+        verifier_output=r.verifier_output,
     )
     if r.reward is not None:
         msg.reward = r.reward

@@ -6,23 +6,29 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from openforge_orchestrator.convert import rollout_to_proto
-from openforge_orchestrator.domain.rollouts import RolloutRegistry, TaskRef
+from openforge_orchestrator.domain.rollouts import RolloutLimits, RolloutRegistry, TaskRef
+from openforge_orchestrator.domain.scheduler import Scheduler
 
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
-    """Rollouts over gRPC, backed by a :class:`RolloutRegistry`."""
+    """Rollouts over gRPC, backed by a :class:`Scheduler` and its :class:`RolloutRegistry`."""
 
-    def __init__(self, rollouts: RolloutRegistry) -> None:
+    def __init__(self, rollouts: RolloutRegistry, scheduler: Scheduler) -> None:
         self._rollouts = rollouts
+        self._scheduler = scheduler
 
     async def SubmitRollouts(
         self, request: orchestrator_pb2.SubmitRolloutsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> orchestrator_pb2.SubmitRolloutsResponse:
-        """Accepts one group per task; idempotent per ``request_id``. Errors: INVALID_ARGUMENT."""
-        created = await self._rollouts.submit(
+        """Accepts one group per task and schedules it; idempotent per ``request_id``.
+
+        Errors: INVALID_ARGUMENT (bad request or task folder), NOT_FOUND (unknown task).
+        """
+        created = await self._scheduler.submit(
             request_id=request.request_id,
             run_id=request.run_id,
             tasks=[TaskRef(task_id=t.task_id, task_set=t.task_set) for t in request.tasks],
@@ -31,6 +37,15 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
             model_name=request.model_name,
             min_policy_version=request.min_policy_version,
             timeout_s=request.timeout.ToNanoseconds() / 1e9 if request.HasField("timeout") else 0.0,
+            limits=RolloutLimits(
+                max_turns=request.limits.max_turns,
+                max_tokens_per_call=request.limits.max_tokens_per_call,
+                max_total_tokens=request.limits.max_total_tokens,
+            ),
+            sampling=json_format.MessageToDict(request.sampling, preserving_proto_field_name=True)
+            if request.HasField("sampling")
+            else {},
+            command=tuple(request.command),
         )
         return orchestrator_pb2.SubmitRolloutsResponse(rollouts=[rollout_to_proto(r) for r in created])
 
@@ -50,6 +65,6 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
     async def CancelRollout(
         self, request: orchestrator_pb2.CancelRolloutRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> orchestrator_pb2.CancelRolloutResponse:
-        """Cancels a rollout; idempotent on ended rollouts. Errors: NOT_FOUND."""
-        r = await self._rollouts.cancel(request.rollout_id, request.reason)
+        """Cancels a rollout (stops its sandbox, keeps its calls); idempotent on ended rollouts. Errors: NOT_FOUND."""
+        r = await self._scheduler.cancel(request.rollout_id, request.reason)
         return orchestrator_pb2.CancelRolloutResponse(rollout=rollout_to_proto(r))

@@ -2,12 +2,122 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from openforge_core.settings import ServiceSettings
 
 
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskSettings(_Section):
+    """Where tasks come from (``OPENFORGE_TASKS__*``).
+
+    Attributes:
+        root: Folder whose sub-folders are task sets (``<root>/<task_set>/<task_id>/task.toml``,
+            Harbor's task-folder format). A ``TaskRef.task_set`` names one of them.
+    """
+
+    root: str = "examples/tasks"
+
+
+class SchedulerSettings(_Section):
+    """How many rollouts run at once and how often infrastructure failures are retried.
+
+    Attributes:
+        max_concurrent: Rollouts running at once over all tasks.
+        max_per_task: Rollouts of one task running at once.
+        max_infra_attempts: Attempts of one rollout when the sandbox fails to start or the
+            harness dies before its first model call (a policy's failure is never retried).
+        policy_wait_s: Longest wait for the served policy version to reach a rollout's
+            ``min_policy_version`` before it fails, seconds.
+        session_grace_s: Seconds the proxy key outlives the task timeout (verifier, cleanup).
+    """
+
+    max_concurrent: int = Field(default=32, ge=1)
+    max_per_task: int = Field(default=16, ge=1)
+    max_infra_attempts: int = Field(default=3, ge=1)
+    policy_wait_s: float = Field(default=600.0, gt=0)
+    session_grace_s: float = Field(default=120.0, ge=0)
+
+
+class LocalSandboxSettings(_Section):
+    """The ``local`` (bubblewrap) backend (``OPENFORGE_SANDBOX__LOCAL__*``).
+
+    Attributes:
+        bwrap: The ``bwrap`` executable (Debian package ``bubblewrap``).
+        root: Folder holding one sub-folder per live sandbox (removed after each rollout).
+        cache: Folder holding each task's prepared workspace (its Dockerfile's COPY/RUN done once).
+        monitor_network: Record every connection attempt to an address other than the proxy
+            (needs a user namespace with ``CAP_NET_ADMIN``/``CAP_NET_RAW`` inside it).
+        memory_mb: Memory limit when the task sets none, MiB.
+        cpus: CPU limit when the task sets none.
+        pids: Most processes and threads in one sandbox.
+        nofile: Most open files per process.
+        artifacts: Folder receiving each rollout's harness output, agent logs and verifier
+            logs (``<artifacts>/<rollout_id>/``) before its sandbox is removed; empty = keep none.
+        build_timeout_s: Time limit of a task's ``RUN`` steps when its workspace is prepared.
+        extra_ro_binds: Host paths made visible read-only at the same path (toolchains).
+    """
+
+    bwrap: str = "bwrap"
+    root: str = ".openforge/sandboxes"
+    cache: str = ".openforge/task-cache"
+    monitor_network: bool = True
+    memory_mb: int = Field(default=2048, gt=0)
+    cpus: float = Field(default=1.0, gt=0)
+    pids: int = Field(default=1024, gt=0)
+    nofile: int = Field(default=4096, gt=0)
+    artifacts: str = ".openforge/rollouts"
+    build_timeout_s: float = Field(default=600.0, gt=0)
+    extra_ro_binds: tuple[str, ...] = ()
+
+
+class SandboxSettings(_Section):
+    """Which sandbox backend runs rollouts (``OPENFORGE_SANDBOX__*``).
+
+    Attributes:
+        backend: ``local`` (bubblewrap on this machine); the ``kubernetes`` backend (one Job per
+            rollout) is not built yet.
+        local: The local backend.
+    """
+
+    backend: Literal["local"] = "local"
+    local: LocalSandboxSettings = LocalSandboxSettings()
+
+
+class HarnessSettings(_Section):
+    """Where harnesses are installed and how the proxy is reached (``OPENFORGE_HARNESS__*``).
+
+    Attributes:
+        install_dir: Folder ``openforge harness install`` filled (``<dir>/<name>/manifest.json``).
+        proxy_http: ``host:port`` of the proxy's harness-facing HTTP server as this process
+            reaches it (the local backend bridges each sandbox to it).
+        command: Default argv template of the ``command`` harness (placeholders in
+            :mod:`openforge_orchestrator.harnesses.command`).
+    """
+
+    install_dir: str = ".openforge/harnesses"
+    proxy_http: str = "127.0.0.1:8080"
+    command: tuple[str, ...] = ()
+
+
 class OrchestratorSettings(ServiceSettings):
-    """Settings of the orchestrator (the shared ones only, for now)."""
+    """Settings of the orchestrator.
+
+    Attributes:
+        tasks: Where tasks come from.
+        scheduler: Concurrency and retries.
+        sandbox: The sandbox backend.
+        harness: Harness installs and the proxy's address.
+    """
 
     service_name: ClassVar[str] = "orchestrator"
+
+    tasks: TaskSettings = TaskSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    sandbox: SandboxSettings = SandboxSettings()
+    harness: HarnessSettings = HarnessSettings()

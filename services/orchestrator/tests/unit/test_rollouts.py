@@ -15,6 +15,7 @@ class Recorder:
     def __init__(self) -> None:
         self.submitted: list[tuple[str, list[Rollout]]] = []
         self.finished: list[Rollout] = []
+        self.started: list[Rollout] = []
 
     async def submitted_(self, request_id: str, rollouts: list[Rollout]) -> None:
         self.submitted.append((request_id, rollouts))
@@ -22,11 +23,15 @@ class Recorder:
     async def finished_(self, rollout: Rollout) -> None:
         self.finished.append(rollout)
 
+    async def started_(self, rollout: Rollout) -> None:
+        self.started.append(rollout)
+
 
 class Events:
     def __init__(self, rec: Recorder) -> None:
         self.submitted = rec.submitted_
         self.finished = rec.finished_
+        self.started = rec.started_
 
 
 async def _submit(reg: RolloutRegistry, request_id: str = "q1", **kw: Any) -> list[Rollout]:

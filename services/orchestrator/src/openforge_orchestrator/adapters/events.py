@@ -28,8 +28,31 @@ class NatsRolloutEvents:
         await self._bus.publish(ROLLOUTS_SUBMITTED, msg, event_id=event_id)
         log.info("rollouts.submitted", request_id=request_id, rollouts=len(rollouts))
 
+    async def started(self, rollout: Rollout) -> None:
+        event_id = f"started/{rollout.rollout_id}"
+        msg = events_pb2.RolloutStarted(event_id=event_id, rollout=rollout_to_proto(rollout))
+        await self._bus.publish(ROLLOUT_STARTED, msg, event_id=event_id)
+        log.info("rollout.started", rollout_id=rollout.rollout_id, task=f"{rollout.task_set}/{rollout.task_id}")
+
     async def finished(self, rollout: Rollout) -> None:
         event_id = f"finished/{rollout.rollout_id}"
-        msg = events_pb2.RolloutFinished(event_id=event_id, rollout=rollout_to_proto(rollout), harness_exit_code=-1)
+        msg = events_pb2.RolloutFinished(
+            event_id=event_id,
+            rollout=rollout_to_proto(rollout),
+            harness_exit_code=rollout.harness_exit_code,
+            calls=rollout.calls,
+            bypass_reason=rollout.bypass_reason,
+            blocked_destinations=list(rollout.blocked_destinations),
+            attempts=rollout.attempts,
+            harness_timed_out=rollout.timed_out,
+        )
+        msg.start_latency.FromNanoseconds(int(rollout.start_latency_s * 1e9))
         await self._bus.publish(ROLLOUT_FINISHED, msg, event_id=event_id)
-        log.info("rollout.finished", rollout_id=rollout.rollout_id, status=rollout.status.value)
+        log.info(
+            "rollout.finished",
+            rollout_id=rollout.rollout_id,
+            status=rollout.status.value,
+            reward=rollout.reward,
+            calls=rollout.calls,
+            reason=rollout.failure_reason,
+        )

@@ -2,7 +2,9 @@
 
 A request for ``n`` rollouts of each of ``k`` tasks creates ``k`` groups of
 ``n`` rollouts each (the GRPO/RLOO group is all rollouts of one task request).
-Accepted rollouts are PENDING until a sandbox backend runs them.
+Accepted rollouts are PENDING until the scheduler starts them (RUNNING, a
+``RolloutStarted`` fact), then end in a terminal status with a ``RolloutFinished`` fact
+carrying the reward and what happened in the sandbox.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ import asyncio
 import enum
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, replace
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from openforge_core.errors import InvalidArgument, NotFound
 
@@ -36,6 +38,21 @@ class RolloutStatus(enum.Enum):
 
 
 @dataclass(frozen=True)
+class RolloutLimits:
+    """Limits the proxy enforces on a rollout's session; 0 = no limit.
+
+    Attributes:
+        max_turns: Model calls.
+        max_tokens_per_call: Completion tokens per call.
+        max_total_tokens: Prompt + completion tokens over the rollout.
+    """
+
+    max_turns: int = 0
+    max_tokens_per_call: int = 0
+    max_total_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class Rollout:
     """One run of one harness on one task.
 
@@ -54,8 +71,19 @@ class Rollout:
         create_time: Unix seconds.
         start_time: Unix seconds (0 = not started).
         end_time: Unix seconds (0 = not ended).
-        reward: Verifier reward, None until verified.
-        failure_reason: Why it failed or was cancelled.
+        reward: Verifier reward, None until verified (and for a flagged bypass).
+        failure_reason: Why it failed, timed out or was cancelled.
+        limits: Session limits.
+        sampling: Enforced sampling parameters (``SamplingParams`` field names), empty = defaults.
+        command: Argv template of the ``command`` harness.
+        verifier_output: End of the verifier's output.
+        calls: Model calls the proxy served (read when the session closed).
+        harness_exit_code: The harness's exit status; -1 when killed or never started.
+        bypass_reason: Why it was flagged as bypassing the proxy; empty when not.
+        blocked_destinations: Destinations other than the proxy the harness tried.
+        attempts: Attempts made (more than 1 after infrastructure failures).
+        timed_out: Whether the harness was killed at its time limit.
+        start_latency_s: From asking for the sandbox to the harness running, seconds.
     """
 
     rollout_id: str
@@ -74,6 +102,17 @@ class Rollout:
     end_time: float = 0.0
     reward: float | None = None
     failure_reason: str = ""
+    limits: RolloutLimits = RolloutLimits()
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    command: tuple[str, ...] = ()
+    verifier_output: str = ""
+    calls: int = 0
+    harness_exit_code: int = -1
+    bypass_reason: str = ""
+    blocked_destinations: tuple[str, ...] = ()
+    attempts: int = 0
+    timed_out: bool = False
+    start_latency_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +127,8 @@ class RolloutEvents(Protocol):
     """Where the registry reports facts (implemented by a NATS publisher)."""
 
     async def submitted(self, request_id: str, rollouts: list[Rollout]) -> None: ...
+
+    async def started(self, rollout: Rollout) -> None: ...
 
     async def finished(self, rollout: Rollout) -> None: ...
 
@@ -122,6 +163,10 @@ class RolloutRegistry:
         model_name: str,
         min_policy_version: int,
         timeout_s: float,
+        limits: RolloutLimits = RolloutLimits(),
+        sampling: Mapping[str, Any] | None = None,
+        command: tuple[str, ...] = (),
+        validate_task: Callable[[TaskRef], None] | None = None,
     ) -> list[Rollout]:
         """Accepts one group of ``group_size`` rollouts per task; idempotent per ``request_id``.
 
@@ -130,7 +175,8 @@ class RolloutRegistry:
 
         Raises:
             InvalidArgument: No tasks, an empty task id, group_size < 1, an
-                unknown harness, a negative timeout.
+                unknown harness, a negative timeout or limit, a malformed task.
+            NotFound: ``validate_task`` found no such task.
         """
         if request_id and request_id in self._by_request:
             return [self._rollouts[r] for r in self._by_request[request_id]]
@@ -146,6 +192,12 @@ class RolloutRegistry:
             raise InvalidArgument.field("harness", f"unknown harness {harness!r}; one of {sorted(HARNESSES)}")
         if timeout_s < 0:
             raise InvalidArgument.field("timeout", "must not be negative")
+        for name in ("max_turns", "max_tokens_per_call", "max_total_tokens"):
+            if getattr(limits, name) < 0:
+                raise InvalidArgument.field(f"limits.{name}", "must be >= 0 (0 = no limit)")
+        if validate_task is not None:
+            for t in task_list:
+                validate_task(t)
         now = self._clock()
         created: list[Rollout] = []
         for task in task_list:
@@ -165,6 +217,9 @@ class RolloutRegistry:
                         min_policy_version=min_policy_version,
                         timeout_s=timeout_s,
                         create_time=now,
+                        limits=limits,
+                        sampling=dict(sampling or {}),
+                        command=command,
                     )
                 )
         request_id = request_id or _new_id("req")
@@ -205,6 +260,38 @@ class RolloutRegistry:
         self._rollouts[rollout_id] = cancelled
         self._notify(cancelled)
         return cancelled
+
+    async def mark_started(self, rollout_id: str) -> Rollout:
+        """PENDING → RUNNING with ``start_time``; publishes ``RolloutStarted``.
+
+        Raises:
+            NotFound: Unknown rollout id.
+        """
+        started = replace(self.get(rollout_id), status=RolloutStatus.RUNNING, start_time=self._clock())
+        await self._events.started(started)
+        self._rollouts[rollout_id] = started
+        self._notify(started)
+        return started
+
+    async def finish(self, rollout_id: str, status: RolloutStatus, **changes: Any) -> Rollout:
+        """Moves a rollout to a terminal ``status`` with ``changes``; publishes ``RolloutFinished``.
+
+        A rollout that already ended is returned unchanged (idempotent).
+
+        Raises:
+            NotFound: Unknown rollout id.
+            ValueError: ``status`` is not terminal.
+        """
+        if not status.terminal:
+            raise ValueError(f"{status} is not terminal")
+        current = self.get(rollout_id)
+        if current.status.terminal:
+            return current
+        done = replace(current, status=status, end_time=self._clock(), **changes)
+        await self._events.finished(done)
+        self._rollouts[rollout_id] = done
+        self._notify(done)
+        return done
 
     async def watch(self, run_id: str = "", group_id: str = "") -> AsyncIterator[Rollout]:
         """Yields every matching rollout as it is now, then each change, until cancelled."""

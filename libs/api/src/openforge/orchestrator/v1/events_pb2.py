@@ -22,22 +22,23 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from openforge.common.v1 import common_pb2 as openforge_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&openforge/orchestrator/v1/events.proto\x12\x19openforge.orchestrator.v1\x1a openforge/common/v1/common.proto\"U\n\x11RolloutsSubmitted\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12.\n\x08rollouts\x18\x02 \x03(\x0b\x32\x1c.openforge.common.v1.Rollout\"Q\n\x0eRolloutStarted\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12-\n\x07rollout\x18\x02 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout\"|\n\x0fRolloutFinished\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12-\n\x07rollout\x18\x02 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout\x12\x19\n\x11harness_exit_code\x18\x03 \x01(\x05\x12\r\n\x05\x63\x61lls\x18\x04 \x01(\x05\"U\n\rRunRegistered\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x32\n\x08manifest\x18\x02 \x01(\x0b\x32 .openforge.common.v1.RunManifestb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&openforge/orchestrator/v1/events.proto\x12\x19openforge.orchestrator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a openforge/common/v1/common.proto\"U\n\x11RolloutsSubmitted\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12.\n\x08rollouts\x18\x02 \x03(\x0b\x32\x1c.openforge.common.v1.Rollout\"Q\n\x0eRolloutStarted\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12-\n\x07rollout\x18\x02 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout\"\x90\x02\n\x0fRolloutFinished\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12-\n\x07rollout\x18\x02 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout\x12\x19\n\x11harness_exit_code\x18\x03 \x01(\x05\x12\r\n\x05\x63\x61lls\x18\x04 \x01(\x05\x12\x15\n\rbypass_reason\x18\x05 \x01(\t\x12\x1c\n\x14\x62locked_destinations\x18\x06 \x03(\t\x12\x10\n\x08\x61ttempts\x18\x07 \x01(\x05\x12\x19\n\x11harness_timed_out\x18\x08 \x01(\x08\x12\x30\n\rstart_latency\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\"U\n\rRunRegistered\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x32\n\x08manifest\x18\x02 \x01(\x0b\x32 .openforge.common.v1.RunManifestb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'openforge.orchestrator.v1.events_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLLOUTSSUBMITTED']._serialized_start=103
-  _globals['_ROLLOUTSSUBMITTED']._serialized_end=188
-  _globals['_ROLLOUTSTARTED']._serialized_start=190
-  _globals['_ROLLOUTSTARTED']._serialized_end=271
-  _globals['_ROLLOUTFINISHED']._serialized_start=273
-  _globals['_ROLLOUTFINISHED']._serialized_end=397
-  _globals['_RUNREGISTERED']._serialized_start=399
-  _globals['_RUNREGISTERED']._serialized_end=484
+  _globals['_ROLLOUTSSUBMITTED']._serialized_start=135
+  _globals['_ROLLOUTSSUBMITTED']._serialized_end=220
+  _globals['_ROLLOUTSTARTED']._serialized_start=222
+  _globals['_ROLLOUTSTARTED']._serialized_end=303
+  _globals['_ROLLOUTFINISHED']._serialized_start=306
+  _globals['_ROLLOUTFINISHED']._serialized_end=578
+  _globals['_RUNREGISTERED']._serialized_start=580
+  _globals['_RUNREGISTERED']._serialized_end=665
 # @@protoc_insertion_point(module_scope)

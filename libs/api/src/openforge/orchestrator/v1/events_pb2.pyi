@@ -7,6 +7,7 @@ openforge.orchestrator.v1.<event>.
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from openforge.common.v1 import common_pb2 as _common_pb2
@@ -93,6 +94,11 @@ class RolloutFinished(_message.Message):
     ROLLOUT_FIELD_NUMBER: _builtins.int
     HARNESS_EXIT_CODE_FIELD_NUMBER: _builtins.int
     CALLS_FIELD_NUMBER: _builtins.int
+    BYPASS_REASON_FIELD_NUMBER: _builtins.int
+    BLOCKED_DESTINATIONS_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    HARNESS_TIMED_OUT_FIELD_NUMBER: _builtins.int
+    START_LATENCY_FIELD_NUMBER: _builtins.int
     event_id: _builtins.str
     """Event id, also the Nats-Msg-Id ("finished/<rollout_id>")."""
     harness_exit_code: _builtins.int
@@ -103,9 +109,28 @@ class RolloutFinished(_message.Message):
     recorded that many calls before assembling samples, since call events and
     this event travel on different streams.
     """
+    bypass_reason: _builtins.str
+    """Why the rollout was flagged as bypassing the proxy, empty when it was not:
+    the harness made no model call through the proxy, or tried other network
+    destinations. A flagged rollout carries no reward.
+    """
+    attempts: _builtins.int
+    """Attempts made: 1, or more when infrastructure failures were retried."""
+    harness_timed_out: _builtins.bool
+    """Whether the harness was killed at its time limit."""
     @_builtins.property
     def rollout(self) -> _common_pb2.Rollout:
         """The rollout (terminal status, reward when verified, end_time set)."""
+
+    @_builtins.property
+    def blocked_destinations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Network destinations other than the proxy the harness tried, e.g.
+        "tcp 203.0.113.7:443" or "udp 192.0.2.53:53 (dns example.com)".
+        """
+
+    @_builtins.property
+    def start_latency(self) -> _duration_pb2.Duration:
+        """Time from asking for the sandbox to the harness running."""
 
     def __init__(
         self,
@@ -114,10 +139,15 @@ class RolloutFinished(_message.Message):
         rollout: _common_pb2.Rollout | None = ...,
         harness_exit_code: _builtins.int = ...,
         calls: _builtins.int = ...,
+        bypass_reason: _builtins.str = ...,
+        blocked_destinations: _abc.Iterable[_builtins.str] | None = ...,
+        attempts: _builtins.int = ...,
+        harness_timed_out: _builtins.bool = ...,
+        start_latency: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["rollout", b"rollout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rollout", b"rollout", "start_latency", b"start_latency"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "event_id", b"event_id", "harness_exit_code", b"harness_exit_code", "rollout", b"rollout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "blocked_destinations", b"blocked_destinations", "bypass_reason", b"bypass_reason", "calls", b"calls", "event_id", b"event_id", "harness_exit_code", b"harness_exit_code", "harness_timed_out", b"harness_timed_out", "rollout", b"rollout", "start_latency", b"start_latency"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

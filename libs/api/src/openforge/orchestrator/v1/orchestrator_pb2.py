@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from openforge.common.v1 import common_pb2 as openforge_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,openforge/orchestrator/v1/orchestrator.proto\x12\x19openforge.orchestrator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a openforge/common/v1/common.proto\",\n\x07TaskRef\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08task_set\x18\x02 \x01(\t\"\xef\x01\n\x15SubmitRolloutsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x31\n\x05tasks\x18\x03 \x03(\x0b\x32\".openforge.orchestrator.v1.TaskRef\x12\x12\n\ngroup_size\x18\x04 \x01(\x05\x12\x0f\n\x07harness\x18\x05 \x01(\t\x12\x12\n\nmodel_name\x18\x06 \x01(\t\x12\x1a\n\x12min_policy_version\x18\x07 \x01(\x03\x12*\n\x07timeout\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\"H\n\x16SubmitRolloutsResponse\x12.\n\x08rollouts\x18\x01 \x03(\x0b\x32\x1c.openforge.common.v1.Rollout\"\'\n\x11GetRolloutRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\"C\n\x12GetRolloutResponse\x12-\n\x07rollout\x18\x01 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout\"8\n\x14WatchRolloutsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\"F\n\x15WatchRolloutsResponse\x12-\n\x07rollout\x18\x01 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout\":\n\x14\x43\x61ncelRolloutRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"F\n\x15\x43\x61ncelRolloutResponse\x12-\n\x07rollout\x18\x01 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout2\xe1\x03\n\x13OrchestratorService\x12u\n\x0eSubmitRollouts\x12\x30.openforge.orchestrator.v1.SubmitRolloutsRequest\x1a\x31.openforge.orchestrator.v1.SubmitRolloutsResponse\x12i\n\nGetRollout\x12,.openforge.orchestrator.v1.GetRolloutRequest\x1a-.openforge.orchestrator.v1.GetRolloutResponse\x12t\n\rWatchRollouts\x12/.openforge.orchestrator.v1.WatchRolloutsRequest\x1a\x30.openforge.orchestrator.v1.WatchRolloutsResponse0\x01\x12r\n\rCancelRollout\x12/.openforge.orchestrator.v1.CancelRolloutRequest\x1a\x30.openforge.orchestrator.v1.CancelRolloutResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,openforge/orchestrator/v1/orchestrator.proto\x12\x19openforge.orchestrator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a openforge/common/v1/common.proto\",\n\x07TaskRef\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08task_set\x18\x02 \x01(\t\"\xf1\x02\n\x15SubmitRolloutsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x31\n\x05tasks\x18\x03 \x03(\x0b\x32\".openforge.orchestrator.v1.TaskRef\x12\x12\n\ngroup_size\x18\x04 \x01(\x05\x12\x0f\n\x07harness\x18\x05 \x01(\t\x12\x12\n\nmodel_name\x18\x06 \x01(\t\x12\x1a\n\x12min_policy_version\x18\x07 \x01(\x03\x12*\n\x07timeout\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x38\n\x06limits\x18\t \x01(\x0b\x32(.openforge.orchestrator.v1.RolloutLimits\x12\x35\n\x08sampling\x18\n \x01(\x0b\x32#.openforge.common.v1.SamplingParams\x12\x0f\n\x07\x63ommand\x18\x0b \x03(\t\"Y\n\rRolloutLimits\x12\x11\n\tmax_turns\x18\x01 \x01(\x05\x12\x1b\n\x13max_tokens_per_call\x18\x02 \x01(\x05\x12\x18\n\x10max_total_tokens\x18\x03 \x01(\x03\"H\n\x16SubmitRolloutsResponse\x12.\n\x08rollouts\x18\x01 \x03(\x0b\x32\x1c.openforge.common.v1.Rollout\"\'\n\x11GetRolloutRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\"C\n\x12GetRolloutResponse\x12-\n\x07rollout\x18\x01 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout\"8\n\x14WatchRolloutsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\"F\n\x15WatchRolloutsResponse\x12-\n\x07rollout\x18\x01 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout\":\n\x14\x43\x61ncelRolloutRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"F\n\x15\x43\x61ncelRolloutResponse\x12-\n\x07rollout\x18\x01 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout2\xe1\x03\n\x13OrchestratorService\x12u\n\x0eSubmitRollouts\x12\x30.openforge.orchestrator.v1.SubmitRolloutsRequest\x1a\x31.openforge.orchestrator.v1.SubmitRolloutsResponse\x12i\n\nGetRollout\x12,.openforge.orchestrator.v1.GetRolloutRequest\x1a-.openforge.orchestrator.v1.GetRolloutResponse\x12t\n\rWatchRollouts\x12/.openforge.orchestrator.v1.WatchRolloutsRequest\x1a\x30.openforge.orchestrator.v1.WatchRolloutsResponse0\x01\x12r\n\rCancelRollout\x12/.openforge.orchestrator.v1.CancelRolloutRequest\x1a\x30.openforge.orchestrator.v1.CancelRolloutResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,21 +36,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TASKREF']._serialized_start=141
   _globals['_TASKREF']._serialized_end=185
   _globals['_SUBMITROLLOUTSREQUEST']._serialized_start=188
-  _globals['_SUBMITROLLOUTSREQUEST']._serialized_end=427
-  _globals['_SUBMITROLLOUTSRESPONSE']._serialized_start=429
-  _globals['_SUBMITROLLOUTSRESPONSE']._serialized_end=501
-  _globals['_GETROLLOUTREQUEST']._serialized_start=503
-  _globals['_GETROLLOUTREQUEST']._serialized_end=542
-  _globals['_GETROLLOUTRESPONSE']._serialized_start=544
-  _globals['_GETROLLOUTRESPONSE']._serialized_end=611
-  _globals['_WATCHROLLOUTSREQUEST']._serialized_start=613
-  _globals['_WATCHROLLOUTSREQUEST']._serialized_end=669
-  _globals['_WATCHROLLOUTSRESPONSE']._serialized_start=671
-  _globals['_WATCHROLLOUTSRESPONSE']._serialized_end=741
-  _globals['_CANCELROLLOUTREQUEST']._serialized_start=743
-  _globals['_CANCELROLLOUTREQUEST']._serialized_end=801
-  _globals['_CANCELROLLOUTRESPONSE']._serialized_start=803
-  _globals['_CANCELROLLOUTRESPONSE']._serialized_end=873
-  _globals['_ORCHESTRATORSERVICE']._serialized_start=876
-  _globals['_ORCHESTRATORSERVICE']._serialized_end=1357
+  _globals['_SUBMITROLLOUTSREQUEST']._serialized_end=557
+  _globals['_ROLLOUTLIMITS']._serialized_start=559
+  _globals['_ROLLOUTLIMITS']._serialized_end=648
+  _globals['_SUBMITROLLOUTSRESPONSE']._serialized_start=650
+  _globals['_SUBMITROLLOUTSRESPONSE']._serialized_end=722
+  _globals['_GETROLLOUTREQUEST']._serialized_start=724
+  _globals['_GETROLLOUTREQUEST']._serialized_end=763
+  _globals['_GETROLLOUTRESPONSE']._serialized_start=765
+  _globals['_GETROLLOUTRESPONSE']._serialized_end=832
+  _globals['_WATCHROLLOUTSREQUEST']._serialized_start=834
+  _globals['_WATCHROLLOUTSREQUEST']._serialized_end=890
+  _globals['_WATCHROLLOUTSRESPONSE']._serialized_start=892
+  _globals['_WATCHROLLOUTSRESPONSE']._serialized_end=962
+  _globals['_CANCELROLLOUTREQUEST']._serialized_start=964
+  _globals['_CANCELROLLOUTREQUEST']._serialized_end=1022
+  _globals['_CANCELROLLOUTRESPONSE']._serialized_start=1024
+  _globals['_CANCELROLLOUTRESPONSE']._serialized_end=1094
+  _globals['_ORCHESTRATORSERVICE']._serialized_start=1097
+  _globals['_ORCHESTRATORSERVICE']._serialized_end=1578
 # @@protoc_insertion_point(module_scope)

@@ -60,6 +60,9 @@ class SubmitRolloutsRequest(_message.Message):
     MODEL_NAME_FIELD_NUMBER: _builtins.int
     MIN_POLICY_VERSION_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    SAMPLING_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Idempotency key for retries."""
     run_id: _builtins.str
@@ -80,6 +83,25 @@ class SubmitRolloutsRequest(_message.Message):
     def timeout(self) -> _duration_pb2.Duration:
         """Overrides the task's timeout when set."""
 
+    @_builtins.property
+    def limits(self) -> Global___RolloutLimits:
+        """Limits the proxy enforces on each rollout's session; unset fields mean no
+        limit.
+        """
+
+    @_builtins.property
+    def sampling(self) -> _common_pb2.SamplingParams:
+        """Sampling parameters the proxy enforces on every call, whatever the harness
+        sends; unset = the engine's defaults.
+        """
+
+    @_builtins.property
+    def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Argv template of the "command" harness (placeholders {instruction},
+        {base_url}, {openai_base_url}, {api_key}, {model}, {workdir}); empty = the
+        orchestrator's configured template. Ignored by the other harnesses.
+        """
+
     def __init__(
         self,
         *,
@@ -91,14 +113,49 @@ class SubmitRolloutsRequest(_message.Message):
         model_name: _builtins.str = ...,
         min_policy_version: _builtins.int = ...,
         timeout: _duration_pb2.Duration | None = ...,
+        limits: Global___RolloutLimits | None = ...,
+        sampling: _common_pb2.SamplingParams | None = ...,
+        command: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "sampling", b"sampling", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_size", b"group_size", "harness", b"harness", "min_policy_version", b"min_policy_version", "model_name", b"model_name", "request_id", b"request_id", "run_id", b"run_id", "tasks", b"tasks", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "group_size", b"group_size", "harness", b"harness", "limits", b"limits", "min_policy_version", b"min_policy_version", "model_name", b"model_name", "request_id", b"request_id", "run_id", b"run_id", "sampling", b"sampling", "tasks", b"tasks", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubmitRolloutsRequest: _TypeAlias = SubmitRolloutsRequest  # noqa: Y015
+
+@_typing.final
+class RolloutLimits(_message.Message):
+    """Limits on one rollout's model calls, enforced by its proxy session; 0 means
+    no limit.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_TURNS_FIELD_NUMBER: _builtins.int
+    MAX_TOKENS_PER_CALL_FIELD_NUMBER: _builtins.int
+    MAX_TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
+    max_turns: _builtins.int
+    """Maximum model calls (turns)."""
+    max_tokens_per_call: _builtins.int
+    """Maximum completion tokens per call."""
+    max_total_tokens: _builtins.int
+    """Maximum prompt + completion tokens over the rollout."""
+    def __init__(
+        self,
+        *,
+        max_turns: _builtins.int = ...,
+        max_tokens_per_call: _builtins.int = ...,
+        max_total_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_tokens_per_call", b"max_tokens_per_call", "max_total_tokens", b"max_total_tokens", "max_turns", b"max_turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RolloutLimits: _TypeAlias = RolloutLimits  # noqa: Y015
 
 @_typing.final
 class SubmitRolloutsResponse(_message.Message):

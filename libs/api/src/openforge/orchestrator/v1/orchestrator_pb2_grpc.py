@@ -66,7 +66,8 @@ class OrchestratorServiceServicer:
     def SubmitRollouts(self, request, context):
         """Accepts a group of rollouts per task. Idempotent per request_id: a retry
         returns the rollouts created by the first call and creates none.
-        Errors: INVALID_ARGUMENT (no tasks, group_size < 1, unknown harness).
+        Errors: INVALID_ARGUMENT (no tasks, group_size < 1, unknown harness,
+        malformed task); NOT_FOUND (unknown task set or task).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -38,7 +38,8 @@ class OrchestratorServiceStub:
     SubmitRollouts: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.SubmitRolloutsRequest, _orchestrator_pb2.SubmitRolloutsResponse]
     """Accepts a group of rollouts per task. Idempotent per request_id: a retry
     returns the rollouts created by the first call and creates none.
-    Errors: INVALID_ARGUMENT (no tasks, group_size < 1, unknown harness).
+    Errors: INVALID_ARGUMENT (no tasks, group_size < 1, unknown harness,
+    malformed task); NOT_FOUND (unknown task set or task).
     """
     GetRollout: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.GetRolloutRequest, _orchestrator_pb2.GetRolloutResponse]
     """Reads one rollout. Errors: NOT_FOUND."""
@@ -62,7 +63,8 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     SubmitRollouts: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.SubmitRolloutsRequest, _orchestrator_pb2.SubmitRolloutsResponse]  # type: ignore[assignment]
     """Accepts a group of rollouts per task. Idempotent per request_id: a retry
     returns the rollouts created by the first call and creates none.
-    Errors: INVALID_ARGUMENT (no tasks, group_size < 1, unknown harness).
+    Errors: INVALID_ARGUMENT (no tasks, group_size < 1, unknown harness,
+    malformed task); NOT_FOUND (unknown task set or task).
     """
     GetRollout: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.GetRolloutRequest, _orchestrator_pb2.GetRolloutResponse]  # type: ignore[assignment]
     """Reads one rollout. Errors: NOT_FOUND."""
@@ -89,7 +91,8 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_orchestrator_pb2.SubmitRolloutsResponse, _abc.Awaitable[_orchestrator_pb2.SubmitRolloutsResponse]]:
         """Accepts a group of rollouts per task. Idempotent per request_id: a retry
         returns the rollouts created by the first call and creates none.
-        Errors: INVALID_ARGUMENT (no tasks, group_size < 1, unknown harness).
+        Errors: INVALID_ARGUMENT (no tasks, group_size < 1, unknown harness,
+        malformed task); NOT_FOUND (unknown task set or task).
         """
 
     @_abc_1.abstractmethod

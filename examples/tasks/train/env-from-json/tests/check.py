@@ -1,0 +1,25 @@
+"""Verifier checks of env-from-json (run by tests/test.sh in the working folder /app)."""
+
+import sys
+from pathlib import Path
+
+
+class Failed(Exception):
+    pass
+
+
+def require(condition, why):
+    if not condition:
+        raise Failed(why)
+
+
+def check():
+    require(Path(".env").read_text().split() == ["DEBUG=false", "HOST=0.0.0.0", "PORT=8080"], "wrong .env")
+
+
+try:
+    check()
+except Exception as exc:  # a failed requirement, or a missing or malformed file
+    print(f"FAIL: {type(exc).__name__}: {exc}")
+    sys.exit(1)
+print("PASS")

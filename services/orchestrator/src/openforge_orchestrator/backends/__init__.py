@@ -1,0 +1,26 @@
+"""Sandbox backends behind :class:`~openforge_orchestrator.domain.sandbox.SandboxBackend`.
+
+Registry: backend name → ``module:Class``, imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from openforge_orchestrator.domain.sandbox import SandboxBackend
+
+BACKENDS: dict[str, str] = {
+    "local": "openforge_orchestrator.backends.local:LocalBackend",
+}
+
+
+def build_backend(name: str, *args: Any, **kwargs: Any) -> SandboxBackend:
+    """Builds the backend registered as ``name`` with the given arguments.
+
+    Raises:
+        KeyError: No such backend.
+    """
+    module, _, cls = BACKENDS[name].partition(":")
+    backend: SandboxBackend = getattr(importlib.import_module(module), cls)(*args, **kwargs)
+    return backend

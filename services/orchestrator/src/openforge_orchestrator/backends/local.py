@@ -1,0 +1,667 @@
+"""The ``local`` sandbox backend: one bubblewrap sandbox per rollout on this machine.
+
+Design
+------
+* **Filesystem.** A fresh tmpfs root holding: the host's ``/usr`` (and the ``/bin``, ``/lib``...
+  links), a few files of ``/etc``, and the interpreter the orchestrator runs on, all read-only;
+  the task's workspace (its Dockerfile's ``COPY``/``RUN`` done once per task and cached, then
+  copied per rollout) read-write at the Dockerfile's ``WORKDIR`` (``/app`` by default); a
+  private ``HOME`` (``/root``), ``/tmp`` and ``/logs/agent``; the harness install read-only at
+  its own path. Nothing else of the host is visible. The sandbox folder is removed afterwards.
+* **Network.** Every namespace is new (user, pid, net, ipc, uts, cgroup): the sandbox has only
+  ``lo``. The proxy is reached through a unix socket: the host listens on
+  ``<sandbox>/run/proxy.sock`` and forwards each connection to the proxy's TCP address; the
+  socket is visible inside as ``/run/openforge/proxy.sock``, and the sandbox's first process
+  (:mod:`local_init`) bridges ``127.0.0.1:8080`` inside to it. So the harness's base URL is
+  ``http://127.0.0.1:8080`` and no other address leads anywhere. That process also routes
+  every other address to ``lo`` and records each connection attempt to one of them (bypass
+  detection), then runs the harness with no capabilities.
+* **Limits.** A cgroup per sandbox (memory, pids, CPU; :mod:`cgroups`), the task's agent
+  timeout (SIGKILL to the whole sandbox: killing bwrap ends its pid namespace), and
+  ``RLIMIT_NOFILE``/``RLIMIT_CORE`` through the init process.
+* **Verifier.** After the harness ended (or was killed), ``bash /tests/test.sh`` runs in a second
+  sandbox over the same workspace, with ``/tests`` read-only and ``/logs/verifier`` writable,
+  and no network at all; the reward is read as Harbor does (:mod:`domain.verifier`).
+
+Needs ``bwrap`` (Debian package ``bubblewrap``) and user namespaces; runs as root or as a user
+allowed to create user namespaces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import structlog
+
+from openforge_orchestrator.backends import cgroups
+from openforge_orchestrator.domain.sandbox import (
+    AGENT_LOGS,
+    SANDBOX_HOME,
+    SANDBOX_RUN,
+    SOLUTION_DIR,
+    TESTS_DIR,
+    VERIFIER_LOGS,
+    ExecutionPlan,
+    ExecutionResult,
+    HarnessLaunch,
+    SandboxStartError,
+)
+from openforge_orchestrator.domain.tasks import InvalidTask, Task
+from openforge_orchestrator.domain.verifier import Reward, RewardError, parse_reward, tail
+from openforge_orchestrator.settings import LocalSandboxSettings
+
+log = structlog.get_logger(__name__)
+
+#: Port the proxy bridge listens on inside every sandbox (each sandbox has its own network).
+BRIDGE_PORT = 8080
+#: A documentation address (RFC 5737) as the sandbox's DNS server: queries land on ``lo`` and
+#: are recorded as attempts, instead of leaking to the host's resolver.
+SINKHOLE_DNS = "192.0.2.53"
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+ETC_FILES = (
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "alternatives",
+    "localtime",
+    "timezone",
+    "mime.types",
+    "protocols",
+    "services",
+    "bash.bashrc",
+    "profile",
+    "inputrc",
+    "os-release",
+    "debian_version",
+    "gitconfig",
+)
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_INIT = Path(__file__).with_name("local_init.py")
+_OUTPUT_TAIL = 8000
+
+LOG_PREPARED = "sandbox.workspace_prepared"
+LOG_STARTED = "sandbox.started"
+LOG_TIMEOUT = "sandbox.timeout"
+LOG_REMOVED = "sandbox.removed"
+
+
+def _read_tail(path: Path, limit: int = _OUTPUT_TAIL) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _tree_digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    if folder.is_dir():
+        for p in sorted(folder.rglob("*")):
+            h.update(str(p.relative_to(folder)).encode())
+            if p.is_file() and not p.is_symlink():
+                h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@dataclass
+class _Run:
+    exit_code: int | None
+    timed_out: bool
+    started_wall: float
+    ended_wall: float
+
+
+class LocalBackend:
+    """Runs rollouts in bubblewrap sandboxes (see the module docstring for the design).
+
+    Args:
+        settings: The backend's settings.
+        proxy_http: ``host:port`` of the proxy's harness-facing HTTP server (host side).
+        limiter: cgroup limiter (default: the best this machine allows).
+    """
+
+    proxy_base_url = f"http://127.0.0.1:{BRIDGE_PORT}"
+
+    def __init__(self, settings: LocalSandboxSettings, proxy_http: str, limiter: cgroups.Limiter | None = None) -> None:
+        self.settings = settings
+        host, _, port = proxy_http.rpartition(":")
+        self._proxy_host, self._proxy_port = host or "127.0.0.1", int(port)
+        self.root = Path(settings.root).resolve()
+        self.cache = Path(settings.cache).resolve()
+        self.artifacts = Path(settings.artifacts).resolve() if settings.artifacts else None
+        self._limiter = limiter
+        self._bwrap: str | None = None
+        self._locks: dict[str, asyncio.Lock] = {}
+        #: Task key → its prepared workspace folder (task folders are read once per process).
+        self._prepared: dict[str, Path] = {}
+        self._static: Path | None = None
+        self.python = os.path.realpath(sys.executable)
+        self.python_prefix = os.path.realpath(sys.base_prefix)
+
+    # --- set-up shared by every sandbox -----------------------------------------------------
+
+    def _ensure_ready(self) -> str:
+        if self._bwrap is None:
+            found = shutil.which(self.settings.bwrap)
+            if found is None:
+                raise SandboxStartError(
+                    f"bubblewrap not found ({self.settings.bwrap!r}): apt-get install -y bubblewrap"
+                )
+            self._bwrap = found
+        if self._limiter is None:
+            self._limiter = cgroups.detect()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.cache.mkdir(parents=True, exist_ok=True)
+        if self._static is None:
+            static = self.root / ".static"
+            static.mkdir(exist_ok=True)
+            (static / "hosts").write_text("127.0.0.1 localhost openforge-sandbox\n::1 localhost\n")
+            (static / "resolv.conf").write_text(f"nameserver {SINKHOLE_DNS}\n")
+            (static / "hostname").write_text("openforge-sandbox\n")
+            self._static = static
+        return self._bwrap
+
+    def _base_args(self, bwrap: str) -> list[str]:
+        assert self._static is not None
+        args = [
+            bwrap,
+            "--die-with-parent",
+            "--unshare-all",
+            "--unshare-user",
+            "--uid",
+            "0",
+            "--gid",
+            "0",
+            "--hostname",
+            "openforge-sandbox",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            "--tmpfs",
+            "/var/tmp",
+        ]
+        for d in SYSTEM_DIRS:
+            if os.path.islink(d):
+                args += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                args += ["--ro-bind", d, d]
+        for name in ETC_FILES:
+            if os.path.exists(f"/etc/{name}"):
+                args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+        for name in ("hosts", "resolv.conf", "hostname"):
+            args += ["--ro-bind", str(self._static / name), f"/etc/{name}"]
+        return args
+
+    def _runtime_args(self, extra: tuple[str, ...] = ()) -> list[str]:
+        """Read-only binds of the interpreter and harness installs; after the writable binds so
+        that a HOME mounted over ``/root`` does not hide an install below it."""
+        args: list[str] = []
+        for path in (self.python_prefix, *self.settings.extra_ro_binds, *extra):
+            if not path.startswith("/usr/") and os.path.exists(path):
+                args += ["--ro-bind", path, path]
+        return args
+
+    def _limits(self, task: Task) -> cgroups.Limits:
+        r = task.resources
+        return cgroups.Limits(
+            memory_mb=r.memory_mb or self.settings.memory_mb,
+            cpus=r.cpus or self.settings.cpus,
+            pids=self.settings.pids,
+        )
+
+    def _wrap(self, cgroup: cgroups.Cgroup | None, argv: list[str]) -> list[str]:
+        """Puts the process into its cgroup before it becomes bwrap."""
+        if cgroup is None:
+            return argv
+        files = " ".join(shlex.quote(str(f)) for f in cgroup.procs_files)
+        return ["/bin/sh", "-c", f'echo $$ | tee {files} >/dev/null && exec "$@"', "sh", *argv]
+
+    # --- workspaces -------------------------------------------------------------------------
+
+    async def prepare_workspace(self, task: Task) -> Path:
+        """The task's prepared workspace (``COPY`` and ``RUN`` of its Dockerfile done), cached.
+
+        Raises:
+            InvalidTask: A ``COPY`` outside the working folder, a missing source, or a ``RUN``
+                that failed.
+        """
+        bwrap = self._ensure_ready()
+        digest = hashlib.sha256((_tree_digest(task.environment_dir) + repr(task.environment)).encode()).hexdigest()[:16]
+        folder = self.cache / task.task_set / f"{task.task_id}-{digest}"
+        ws = folder / "ws"
+        lock = self._locks.setdefault(str(folder), asyncio.Lock())
+        async with lock:
+            if (folder / ".ready").is_file():
+                return ws
+            tmp = folder.with_name(f"{folder.name}.tmp-{secrets.token_hex(4)}")
+            try:
+                await asyncio.to_thread(self._copy_sources, task, tmp / "ws")
+                for command in task.environment.run:
+                    await self._build_step(bwrap, task, tmp / "ws", command)
+                (tmp / ".ready").touch()
+                shutil.rmtree(folder, ignore_errors=True)
+                tmp.rename(folder)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        log.info(LOG_PREPARED, task=task.key, steps=len(task.environment.run))
+        self._prepared[task.key] = folder
+        return ws
+
+    def _copy_sources(self, task: Task, ws: Path) -> None:
+        spec = task.environment
+        workdir = PurePosixPath(spec.workdir)
+        if workdir == PurePosixPath("/") or any(
+            workdir == PurePosixPath(d) or PurePosixPath(d) in workdir.parents for d in (*SYSTEM_DIRS, "/etc")
+        ):
+            raise InvalidTask.field("environment/Dockerfile", f"WORKDIR {workdir} cannot be a sandbox workspace")
+        ws.mkdir(parents=True)
+        context = task.environment_dir.resolve()
+        for src, dst in spec.copies:
+            source = (context / src).resolve()
+            if context != source and context not in source.parents:
+                raise InvalidTask.field("environment/Dockerfile", f"COPY source {src!r} leaves the build context")
+            if not source.exists():
+                raise InvalidTask.field("environment/Dockerfile", f"COPY source {src!r} does not exist")
+            target = PurePosixPath(dst.rstrip("/") or "/")
+            if target != workdir and workdir not in target.parents:
+                raise InvalidTask.field(
+                    "environment/Dockerfile", f"COPY to {dst!r}: local sandboxes hold files only under {workdir}"
+                )
+            out = ws / target.relative_to(workdir)
+            if source.is_dir():
+                shutil.copytree(source, out, symlinks=True, dirs_exist_ok=True)
+            else:
+                if dst.endswith("/"):
+                    out = out / source.name
+                out.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, out)
+
+    async def _build_step(self, bwrap: str, task: Task, ws: Path, command: str) -> None:
+        args = [
+            *self._base_args(bwrap),
+            "--cap-drop",
+            "ALL",
+            "--bind",
+            str(ws),
+            task.environment.workdir,
+            "--tmpfs",
+            SANDBOX_HOME,
+            *self._runtime_args(),
+            "--chdir",
+            task.environment.workdir,
+            "--clearenv",
+            *self._env_args(self._env(task, None)),
+            "--",
+            "/bin/sh",
+            "-c",
+            command,
+        ]
+        proc = await asyncio.create_subprocess_exec(
+            *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), self.settings.build_timeout_s)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise InvalidTask.field("environment/Dockerfile", f"RUN {command!r} timed out") from None
+        if proc.returncode != 0:
+            raise InvalidTask.field(
+                "environment/Dockerfile",
+                f"RUN {command!r} failed in a local sandbox (exit {proc.returncode}): {out.decode()[-500:]}",
+            )
+
+    # --- environment ------------------------------------------------------------------------
+
+    def _env(self, task: Task, launch: HarnessLaunch | None) -> dict[str, str]:
+        path_dirs = [*(launch.path_dirs if launch else ()), os.path.join(self.python_prefix, "bin")]
+        env = {
+            "HOME": SANDBOX_HOME,
+            "USER": "root",
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "TMPDIR": "/tmp",
+            "PATH": ":".join([*path_dirs, DEFAULT_PATH]),
+        }
+        env.update(dict(task.environment.env))
+        if launch is not None:
+            env.update(launch.env)
+        return env
+
+    @staticmethod
+    def _env_args(env: dict[str, str]) -> list[str]:
+        out: list[str] = []
+        for k, v in env.items():
+            out += ["--setenv", k, v]
+        return out
+
+    # --- one rollout ------------------------------------------------------------------------
+
+    async def execute(self, plan: ExecutionPlan) -> ExecutionResult:
+        """Runs the harness (or the oracle) and the verifier in fresh sandboxes; removes them.
+
+        Raises:
+            SandboxStartError: bubblewrap is missing, the sandbox could not be set up, or the
+                harness process could not be started.
+            InvalidTask: The task's workspace cannot be prepared.
+        """
+        t0_wall, t0 = time.time(), time.monotonic()
+        bwrap = self._ensure_ready()
+        template = await self.prepare_workspace(plan.task)
+        name = f"{plan.rollout_id}-{secrets.token_hex(3)}"
+        sb = self.root / name
+        cgroup: cgroups.Cgroup | None = None
+        server: asyncio.AbstractServer | None = None
+        socket_path: Path | None = None
+        connections = [0]
+        try:
+            try:
+                for sub in ("home", "logs/agent", "logs/verifier", "run", "out"):
+                    (sb / sub).mkdir(parents=True)
+                await asyncio.to_thread(shutil.copytree, template, sb / "app", symlinks=True)
+                if plan.launch is not None:
+                    self._write_files(sb, plan.launch)
+                if plan.with_proxy:
+                    # AF_UNIX paths are limited to 107 bytes: the socket lives in a short folder
+                    # and is bind-mounted into the sandbox over a placeholder file.
+                    sockets = Path(tempfile.gettempdir()) / f"openforge-{os.getuid()}"
+                    sockets.mkdir(mode=0o700, exist_ok=True)
+                    socket_path = sockets / f"{secrets.token_hex(8)}.sock"
+                    server = await asyncio.start_unix_server(
+                        lambda r, w: self._forward(r, w, connections), path=str(socket_path)
+                    )
+                    (sb / "run" / "proxy.sock").touch()
+                assert self._limiter is not None
+                cgroup = self._limiter.create(name, self._limits(plan.task))
+            except OSError as exc:
+                raise SandboxStartError(f"could not set up the sandbox: {exc}") from exc
+            run = await self._run_agent(bwrap, plan, sb, cgroup, socket_path)
+            attempts, started = self._read_report(sb / "run" / "report.jsonl")
+            if server is not None:
+                server.close()
+            if plan.on_harness_exit is not None:
+                await plan.on_harness_exit()
+            reward, verifier_output, verifier_error = None, "", ""
+            if plan.run_verifier:
+                reward, verifier_output, verifier_error = await self._run_verifier(bwrap, plan.task, sb)
+            artifacts = await asyncio.to_thread(self._keep_artifacts, plan.rollout_id, sb)
+            return ExecutionResult(
+                exit_code=run.exit_code,
+                timed_out=run.timed_out,
+                start_latency_s=max(0.0, (started or run.ended_wall) - t0_wall),
+                harness_s=run.ended_wall - (started or run.started_wall),
+                stdout_tail=_read_tail(sb / "out" / "stdout.log"),
+                stderr_tail=_read_tail(sb / "out" / "stderr.log"),
+                reward=reward,
+                verifier_output=verifier_output,
+                verifier_error=verifier_error,
+                blocked_destinations=tuple(attempts),
+                proxy_connections=connections[0],
+                artifacts=artifacts,
+            )
+        finally:
+            if server is not None:
+                server.close()
+            if socket_path is not None:
+                socket_path.unlink(missing_ok=True)
+            if cgroup is not None:
+                cgroup.kill_and_remove()
+            shutil.rmtree(sb, ignore_errors=True)
+            log.debug(LOG_REMOVED, rollout_id=plan.rollout_id, seconds=round(time.monotonic() - t0, 3))
+
+    def _write_files(self, sb: Path, launch: HarnessLaunch) -> None:
+        for path, content in launch.files.items():
+            p = PurePosixPath(path)
+            for prefix, host in ((SANDBOX_HOME, sb / "home"), (SANDBOX_RUN, sb / "run")):
+                if PurePosixPath(prefix) in p.parents:
+                    out = host / p.relative_to(prefix)
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_text(content)
+                    break
+            else:
+                raise SandboxStartError(f"harness file {path} is outside {SANDBOX_HOME} and {SANDBOX_RUN}")
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, count: list[int]) -> None:
+        count[0] += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection(self._proxy_host, self._proxy_port)
+        except OSError:
+            writer.close()
+            return
+
+        async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                while chunk := await r.read(65536):
+                    w.write(chunk)
+                    await w.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    w.close()
+
+        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+
+    async def _run_agent(
+        self, bwrap: str, plan: ExecutionPlan, sb: Path, cgroup: cgroups.Cgroup | None, socket_path: Path | None
+    ) -> _Run:
+        task = plan.task
+        launch = plan.launch
+        workdir = task.environment.workdir
+        args = [*self._base_args(bwrap)]
+        if self.settings.monitor_network:
+            args += ["--cap-drop", "ALL"]
+            args += ["--cap-add", "CAP_NET_ADMIN", "--cap-add", "CAP_NET_RAW", "--cap-add", "CAP_SETPCAP"]
+        else:
+            args += ["--cap-drop", "ALL"]
+        args += [
+            "--bind",
+            str(sb / "app"),
+            workdir,
+            "--bind",
+            str(sb / "home"),
+            SANDBOX_HOME,
+            "--bind",
+            str(sb / "logs" / "agent"),
+            AGENT_LOGS,
+            "--ro-bind",
+            str(sb / "run"),
+            SANDBOX_RUN,
+        ]
+        if socket_path is not None:
+            args += ["--bind", str(socket_path), f"{SANDBOX_RUN}/proxy.sock"]
+        args += self._runtime_args(launch.install_dirs if launch is not None else ())
+        if launch is not None:
+            argv = list(launch.argv)
+        else:
+            solution = task.solution_script
+            if solution is None:
+                raise InvalidTask.field("solution/solve.sh", f"task {task.key} has no oracle solution")
+            args += ["--ro-bind", str(solution.parent), SOLUTION_DIR]
+            argv = ["/bin/bash", f"{SOLUTION_DIR}/solve.sh"]
+        shutil.copy2(_INIT, sb / "run" / "init.py")
+        report_path = sb / "run" / "report.jsonl"
+        fd = os.open(report_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        config = {
+            "argv": argv,
+            "env": self._env(task, launch),
+            "cwd": workdir,
+            "report_fd": fd,
+            "bridge_port": BRIDGE_PORT if plan.with_proxy else 0,
+            "proxy_socket": f"{SANDBOX_RUN}/proxy.sock",
+            "monitor": self.settings.monitor_network,
+            "nofile": self.settings.nofile,
+        }
+        (sb / "run" / "config.json").write_text(json.dumps(config))
+        args += [
+            "--chdir",
+            workdir,
+            "--",
+            self.python,
+            "-I",
+            "-S",
+            f"{SANDBOX_RUN}/init.py",
+            f"{SANDBOX_RUN}/config.json",
+        ]
+        started_wall = time.time()
+        try:
+            with (sb / "out" / "stdout.log").open("wb") as out, (sb / "out" / "stderr.log").open("wb") as err:
+                proc = await asyncio.create_subprocess_exec(
+                    *self._wrap(cgroup, args),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    pass_fds=(fd,),
+                    start_new_session=True,
+                    env={"PATH": DEFAULT_PATH},
+                )
+        except OSError as exc:
+            raise SandboxStartError(f"could not start bwrap: {exc}") from exc
+        finally:
+            os.close(fd)
+        log.debug(LOG_STARTED, rollout_id=plan.rollout_id, pid=proc.pid)
+        timed_out = False
+        try:
+            code: int | None = await asyncio.wait_for(proc.wait(), plan.agent_timeout_s)
+        except TimeoutError:
+            timed_out = True
+            log.info(LOG_TIMEOUT, rollout_id=plan.rollout_id, timeout_s=plan.agent_timeout_s)
+            await self._kill(proc, cgroup)
+            code = None
+        except asyncio.CancelledError:
+            await self._kill(proc, cgroup)
+            raise
+        if not timed_out and b'"started"' not in report_path.read_bytes():
+            raise SandboxStartError(f"the sandbox did not start (exit {code}): {_read_tail(sb / 'out' / 'stderr.log')}")
+        return _Run(exit_code=code, timed_out=timed_out, started_wall=started_wall, ended_wall=time.time())
+
+    @staticmethod
+    async def _kill(proc: asyncio.subprocess.Process, cgroup: cgroups.Cgroup | None) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if cgroup is not None:
+            for pid in cgroup.pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        await asyncio.shield(proc.wait())
+
+    @staticmethod
+    def _read_report(path: Path) -> tuple[list[str], float | None]:
+        attempts: list[str] = []
+        started: float | None = None
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            return attempts, started
+        for line in lines:
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if ev.get("event") == "started":
+                started = float(ev["t"])
+            elif ev.get("event") == "attempt":
+                where = f"{ev['dst']}:{ev['port']}" if ":" not in ev["dst"] else f"[{ev['dst']}]:{ev['port']}"
+                desc = f"{ev['proto']} {where}"
+                if ev.get("name"):
+                    desc += f" (dns {ev['name']})"
+                attempts.append(desc)
+        return attempts, started
+
+    async def _run_verifier(self, bwrap: str, task: Task, sb: Path) -> tuple[Reward | None, str, str]:
+        env = self._env(task, None)
+        env.update(task.verifier_env)
+        args = [
+            *self._base_args(bwrap),
+            "--cap-drop",
+            "ALL",
+            "--bind",
+            str(sb / "app"),
+            task.environment.workdir,
+            "--tmpfs",
+            SANDBOX_HOME,
+            "--ro-bind",
+            str(task.tests_dir.resolve()),
+            TESTS_DIR,
+            "--bind",
+            str(sb / "logs" / "verifier"),
+            VERIFIER_LOGS,
+            *self._runtime_args(),
+            "--chdir",
+            task.environment.workdir,
+            "--clearenv",
+            *self._env_args(env),
+            "--",
+            "/bin/bash",
+            f"{TESTS_DIR}/test.sh",
+        ]
+        out_path = sb / "out" / "verifier.log"
+        with out_path.open("wb") as out:
+            proc = await asyncio.create_subprocess_exec(
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        error = ""
+        try:
+            await asyncio.wait_for(proc.wait(), task.verifier_timeout_s)
+        except TimeoutError:
+            await self._kill(proc, None)
+            error = f"the verifier timed out after {task.verifier_timeout_s:g}s"
+        except asyncio.CancelledError:
+            await self._kill(proc, None)
+            raise
+        output = tail(_read_tail(out_path))
+        if error:
+            return None, output, error
+        try:
+            return parse_reward(sb / "logs" / "verifier"), output, ""
+        except RewardError as exc:
+            return None, output, f"{exc} (verifier exit {proc.returncode})"
+
+    def _keep_artifacts(self, rollout_id: str, sb: Path) -> str:
+        if self.artifacts is None:
+            return ""
+        dest = self.artifacts / rollout_id
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        for name in ("stdout.log", "stderr.log", "verifier.log"):
+            if (sb / "out" / name).is_file():
+                shutil.copy2(sb / "out" / name, dest / name)
+        if (sb / "run" / "report.jsonl").is_file():
+            shutil.copy2(sb / "run" / "report.jsonl", dest / "network.jsonl")
+        for sub in ("agent", "verifier"):
+            src = sb / "logs" / sub
+            if src.is_dir() and any(src.iterdir()):
+                shutil.copytree(src, dest / sub, symlinks=True, ignore_dangling_symlinks=True)
+        return str(dest)
+
+    async def close(self) -> None:
+        """Nothing is held between rollouts."""

@@ -1,0 +1,269 @@
+"""One rollout, start to end: task → policy gate → proxy session → harness in a sandbox →
+session closed → verifier → reward, with retries of infrastructure failures only.
+
+Outcomes (``RolloutFinished``):
+
+* SUCCEEDED with the verifier's reward (0.0 included: a policy's failure is scored, never
+  retried);
+* TIMED_OUT when the harness reached its time limit: it was killed, the verifier still ran
+  and its reward is kept, and so is every call the proxy recorded (the partial trajectory);
+* FAILED when the verifier wrote no reward, the task is malformed, the sandbox could not start
+  (after the retries), the harness crashed before its first model call (after the retries), or
+  the rollout was flagged as bypassing the proxy: it made no model call through the proxy, or
+  tried another network destination. A flagged rollout has ``bypass_reason`` set and no reward,
+  so it is never trained on as a plain failure;
+* CANCELLED by ``CancelRollout``: the sandbox is stopped, the session closed, the calls kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from openforge_core.errors import OpenForgeError, Unavailable
+from openforge_orchestrator.domain.rollouts import Rollout, RolloutRegistry, RolloutStatus
+from openforge_orchestrator.domain.sandbox import (
+    ExecutionPlan,
+    ExecutionResult,
+    HarnessLaunch,
+    SandboxBackend,
+    SandboxStartError,
+)
+from openforge_orchestrator.domain.tasks import Task, TaskCatalog
+
+log = structlog.get_logger(__name__)
+
+LOG_ATTEMPT = "rollout.attempt"
+LOG_RETRY = "rollout.infra_retry"
+LOG_FLAGGED = "rollout.bypass_flagged"
+LOG_FAILED = "rollout.failed"
+
+NO_PROXY_CALL = "no model call went through the proxy"
+OTHER_DESTINATIONS = "tried other network destinations: "
+
+
+class SessionGateway(Protocol):
+    """The proxy's per-rollout sessions."""
+
+    async def open(self, rollout: Rollout, attempt: int, ttl_s: float) -> str:
+        """Opens the rollout's session (idempotent per attempt); returns its key."""
+        ...
+
+    async def close(self, rollout_id: str) -> int:
+        """Closes the session (its key stops working); returns the calls it served."""
+        ...
+
+
+class PolicyVersions(Protocol):
+    """The policy version inference serves now."""
+
+    async def current(self) -> int:
+        """The served policy version."""
+        ...
+
+
+class LaunchBuilder(Protocol):
+    """Builds the harness launch of one attempt (adapters + install manifests)."""
+
+    def __call__(self, rollout: Rollout, task: Task, base_url: str, api_key: str, timeout_s: float) -> HarnessLaunch:
+        """The launch, or raises ``InvalidArgument``/``FailedPrecondition``."""
+        ...
+
+
+@dataclass(frozen=True)
+class ExecutionSettings:
+    """Retry and timing knobs of :class:`RolloutExecutor`.
+
+    Attributes:
+        max_infra_attempts: Attempts when the sandbox fails to start or the harness dies before
+            its first model call.
+        policy_wait_s: Longest wait for ``min_policy_version``, seconds.
+        policy_poll_s: Poll interval for the policy version, seconds.
+        session_grace_s: How long a session key outlives the harness time limit, seconds.
+    """
+
+    max_infra_attempts: int = 3
+    policy_wait_s: float = 600.0
+    policy_poll_s: float = 1.0
+    session_grace_s: float = 120.0
+
+
+class RolloutExecutor:
+    """Runs one rollout to a terminal status (see the module docstring).
+
+    Args:
+        registry: Rollout state and facts.
+        tasks: The task catalog.
+        backend: The sandbox backend.
+        sessions: The proxy's sessions.
+        build_launch: Harness launch builder.
+        policy: Served policy version (None = no gate).
+        settings: Retries and timings.
+        clock: Monotonic seconds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        registry: RolloutRegistry,
+        tasks: TaskCatalog,
+        backend: SandboxBackend,
+        sessions: SessionGateway,
+        build_launch: LaunchBuilder,
+        policy: PolicyVersions | None = None,
+        settings: ExecutionSettings = ExecutionSettings(),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._registry = registry
+        self._tasks = tasks
+        self._backend = backend
+        self._sessions = sessions
+        self._build_launch = build_launch
+        self._policy = policy
+        self._settings = settings
+        self._clock = clock
+        self._cancel_reasons: dict[str, str] = {}
+
+    async def run(self, rollout_id: str) -> Rollout:
+        """Runs the rollout; returns it terminal. Cancelling ends it CANCELLED (then re-raises)."""
+        rollout = self._registry.get(rollout_id)
+        calls = 0
+        try:
+            try:
+                task = self._tasks.get(rollout.task_set, rollout.task_id)
+            except OpenForgeError as exc:
+                return await self._fail(rollout_id, f"task: {exc.message}")
+            if not await self._policy_ready(rollout):
+                return await self._fail(
+                    rollout_id,
+                    f"policy version {rollout.min_policy_version} not served within {self._settings.policy_wait_s:g}s",
+                )
+            last_error = ""
+            for attempt in range(1, self._settings.max_infra_attempts + 1):
+                log.info(LOG_ATTEMPT, rollout_id=rollout_id, attempt=attempt)
+                try:
+                    result, calls = await self._attempt(rollout, task, attempt)
+                except SandboxStartError as exc:
+                    last_error = f"sandbox failed to start: {exc}"
+                    log.warning(LOG_RETRY, rollout_id=rollout_id, attempt=attempt, reason=last_error)
+                    continue
+                except Unavailable as exc:
+                    last_error = exc.message
+                    log.warning(LOG_RETRY, rollout_id=rollout_id, attempt=attempt, reason=last_error)
+                    continue
+                except OpenForgeError as exc:
+                    return await self._fail(rollout_id, f"harness: {exc.message}", attempts=attempt)
+                crashed = not result.timed_out and result.exit_code not in (0, None) and calls == 0
+                if crashed and attempt < self._settings.max_infra_attempts and not result.blocked_destinations:
+                    last_error = f"harness exited {result.exit_code} before its first model call"
+                    log.warning(LOG_RETRY, rollout_id=rollout_id, attempt=attempt, reason=last_error)
+                    continue
+                return await self._finish(rollout_id, task, result, calls, attempt, crashed)
+            return await self._fail(
+                rollout_id, f"infrastructure: {last_error}", attempts=self._settings.max_infra_attempts
+            )
+        except asyncio.CancelledError:
+            reason = self.pop_cancel(rollout_id)
+            await asyncio.shield(
+                self._registry.finish(rollout_id, RolloutStatus.CANCELLED, failure_reason=reason, calls=calls)
+            )
+            raise
+
+    def note_cancel(self, rollout_id: str, reason: str) -> None:
+        """Records why a rollout is about to be cancelled (written on its terminal state)."""
+        self._cancel_reasons[rollout_id] = reason or "cancelled"
+
+    def pop_cancel(self, rollout_id: str) -> str:
+        """The recorded cancel reason (forgotten afterwards); ``"cancelled"`` when none."""
+        return self._cancel_reasons.pop(rollout_id, "cancelled")
+
+    async def _policy_ready(self, rollout: Rollout) -> bool:
+        if self._policy is None or rollout.min_policy_version <= 0:
+            return True
+        deadline = self._clock() + self._settings.policy_wait_s
+        while True:
+            try:
+                if await self._policy.current() >= rollout.min_policy_version:
+                    return True
+            except OpenForgeError:
+                pass
+            if self._clock() >= deadline:
+                return False
+            await asyncio.sleep(self._settings.policy_poll_s)
+
+    async def _attempt(self, rollout: Rollout, task: Task, attempt: int) -> tuple[ExecutionResult, int]:
+        timeout_s = rollout.timeout_s or task.agent_timeout_s
+        key = await self._sessions.open(
+            rollout, attempt, timeout_s + task.verifier_timeout_s + self._settings.session_grace_s
+        )
+        closed: list[int] = []
+
+        async def close_session() -> None:
+            if not closed:
+                closed.append(await self._sessions.close(rollout.rollout_id))
+
+        try:
+            launch = self._build_launch(rollout, task, self._backend.proxy_base_url, key, timeout_s)
+            if self._registry.get(rollout.rollout_id).status is RolloutStatus.PENDING:
+                await self._registry.mark_started(rollout.rollout_id)
+            result = await self._backend.execute(
+                ExecutionPlan(
+                    rollout_id=rollout.rollout_id,
+                    task=task,
+                    launch=launch,
+                    agent_timeout_s=timeout_s,
+                    verifier_timeout_s=task.verifier_timeout_s,
+                    on_harness_exit=close_session,
+                )
+            )
+        finally:
+            if not closed:
+                await asyncio.shield(close_session())
+        return result, closed[0]
+
+    async def _finish(
+        self, rollout_id: str, task: Task, result: ExecutionResult, calls: int, attempts: int, crashed: bool
+    ) -> Rollout:
+        common = {
+            "calls": calls,
+            "harness_exit_code": result.exit_code if result.exit_code is not None else -1,
+            "blocked_destinations": result.blocked_destinations,
+            "attempts": attempts,
+            "timed_out": result.timed_out,
+            "start_latency_s": result.start_latency_s,
+            "verifier_output": result.verifier_output,
+        }
+        bypass = ""
+        if result.blocked_destinations:
+            bypass = OTHER_DESTINATIONS + ", ".join(result.blocked_destinations)
+        elif calls == 0 and not crashed:
+            bypass = NO_PROXY_CALL
+        if bypass:
+            log.warning(LOG_FLAGGED, rollout_id=rollout_id, reason=bypass)
+            status = RolloutStatus.TIMED_OUT if result.timed_out else RolloutStatus.FAILED
+            return await self._registry.finish(
+                rollout_id, status, bypass_reason=bypass, failure_reason=f"bypass: {bypass}", **common
+            )
+        if crashed:
+            return await self._fail(
+                rollout_id, f"infrastructure: harness exited {result.exit_code} before its first model call", **common
+            )
+        reward = result.reward.value if result.reward is not None else None
+        if result.timed_out:
+            reason = f"harness timed out after {result.harness_s:.0f}s"
+            if result.verifier_error:
+                reason += f"; verifier: {result.verifier_error}"
+            return await self._registry.finish(
+                rollout_id, RolloutStatus.TIMED_OUT, reward=reward, failure_reason=reason, **common
+            )
+        if reward is None:
+            return await self._fail(rollout_id, f"verifier: {result.verifier_error}", **common)
+        return await self._registry.finish(rollout_id, RolloutStatus.SUCCEEDED, reward=reward, **common)
+
+    async def _fail(self, rollout_id: str, reason: str, **changes: object) -> Rollout:
+        log.warning(LOG_FAILED, rollout_id=rollout_id, reason=reason)
+        return await self._registry.finish(rollout_id, RolloutStatus.FAILED, failure_reason=reason, **changes)

@@ -1,0 +1,112 @@
+"""Scheduling: every accepted rollout runs as soon as a global and a per-task slot are free.
+
+``submit`` accepts rollouts (the registry) and starts one asyncio task per new rollout; the task
+waits for a slot of its task (``max_per_task``), then for a global slot (``max_concurrent``), in
+that order so that a rollout waiting for its task's slot never holds a global one. Slots are
+FIFO. ``cancel`` cancels the rollout's task whether it waits or runs; the executor ends it
+CANCELLED. ``close`` cancels everything still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from openforge_orchestrator.domain.execution import RolloutExecutor
+from openforge_orchestrator.domain.rollouts import Rollout, RolloutRegistry, RolloutStatus, TaskRef
+
+log = structlog.get_logger(__name__)
+
+LOG_CRASHED = "scheduler.rollout_crashed"
+
+
+class Scheduler:
+    """Runs accepted rollouts under concurrency limits.
+
+    Args:
+        registry: Rollout state.
+        executor: Runs one rollout.
+        max_concurrent: Rollouts running at once.
+        max_per_task: Rollouts of one task running at once.
+        validate_task: Checks a task reference at submit time (raises ``NotFound``/``InvalidArgument``).
+    """
+
+    def __init__(
+        self,
+        registry: RolloutRegistry,
+        executor: RolloutExecutor,
+        *,
+        max_concurrent: int,
+        max_per_task: int,
+        validate_task: Callable[[TaskRef], None] | None = None,
+    ) -> None:
+        self._registry = registry
+        self._executor = executor
+        self._global = asyncio.Semaphore(max_concurrent)
+        self._max_per_task = max_per_task
+        self._per_task: dict[str, asyncio.Semaphore] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._validate_task = validate_task
+        self.running = 0
+        self.peak_running = 0
+
+    async def submit(self, **request: Any) -> list[Rollout]:
+        """Accepts rollouts (see :meth:`RolloutRegistry.submit`) and schedules the new ones."""
+        created = await self._registry.submit(**request, validate_task=self._validate_task)
+        for r in created:
+            if r.rollout_id not in self._tasks and r.status is RolloutStatus.PENDING:
+                self._tasks[r.rollout_id] = asyncio.create_task(self._run(r), name=f"rollout-{r.rollout_id}")
+        return created
+
+    async def _run(self, rollout: Rollout) -> None:
+        key = f"{rollout.task_set}/{rollout.task_id}"
+        per_task = self._per_task.setdefault(key, asyncio.Semaphore(self._max_per_task))
+        try:
+            async with per_task, self._global:
+                self.running += 1
+                self.peak_running = max(self.peak_running, self.running)
+                try:
+                    await self._executor.run(rollout.rollout_id)
+                finally:
+                    self.running -= 1
+        except asyncio.CancelledError:
+            if not self._registry.get(rollout.rollout_id).status.terminal:  # cancelled while waiting
+                await self._registry.cancel(rollout.rollout_id, self._executor.pop_cancel(rollout.rollout_id))
+        except Exception:
+            log.exception(LOG_CRASHED, rollout_id=rollout.rollout_id)
+            await self._registry.finish(
+                rollout.rollout_id, RolloutStatus.FAILED, failure_reason="internal error while running the rollout"
+            )
+        finally:
+            self._tasks.pop(rollout.rollout_id, None)
+
+    async def cancel(self, rollout_id: str, reason: str) -> Rollout:
+        """Cancels a rollout that has not ended: stops its sandbox, keeps its calls. Idempotent.
+
+        Raises:
+            NotFound: Unknown rollout id.
+        """
+        current = self._registry.get(rollout_id)
+        if current.status.terminal:
+            return current
+        task = self._tasks.get(rollout_id)
+        if task is None:
+            return await self._registry.cancel(rollout_id, reason)
+        self._executor.note_cancel(rollout_id, reason)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return self._registry.get(rollout_id)
+
+    async def close(self) -> None:
+        """Cancels every rollout still waiting or running and waits for their cleanup."""
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t

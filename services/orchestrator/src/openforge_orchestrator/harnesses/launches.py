@@ -1,0 +1,65 @@
+"""Builds each attempt's harness launch from the adapters and the local install manifests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from openforge_core.errors import FailedPrecondition, InvalidArgument
+from openforge_orchestrator.domain.rollouts import Rollout
+from openforge_orchestrator.domain.sandbox import HarnessLaunch
+from openforge_orchestrator.domain.tasks import Task
+from openforge_orchestrator.harnesses import adapter
+from openforge_orchestrator.harnesses.base import HarnessNotInstalled, Installed, LaunchContext
+from openforge_orchestrator.harnesses.command import InvalidCommand
+
+
+class LaunchFactory:
+    """A :class:`~openforge_orchestrator.domain.execution.LaunchBuilder`.
+
+    Args:
+        install_dir: Where ``openforge harness install`` put the harnesses; None when they are on
+            the sandbox image's PATH (Kubernetes).
+        default_command: The ``command`` harness's template when a rollout gives none.
+        images: Harness name → image (Kubernetes).
+    """
+
+    def __init__(
+        self,
+        install_dir: Path | None,
+        default_command: tuple[str, ...] = (),
+        images: dict[str, str] | None = None,
+    ) -> None:
+        self._install_dir = install_dir
+        self._default_command = default_command
+        self._images = images or {}
+
+    def __call__(self, rollout: Rollout, task: Task, base_url: str, api_key: str, timeout_s: float) -> HarnessLaunch:
+        """The launch of one attempt.
+
+        Raises:
+            InvalidArgument: A bad ``command`` template.
+            FailedPrecondition: The harness is not installed here.
+        """
+        installed: Installed | None = None
+        if self._install_dir is not None and rollout.harness != "command":
+            try:
+                installed = Installed.load(self._install_dir, rollout.harness)
+            except HarnessNotInstalled as exc:
+                raise FailedPrecondition(str(exc), reason="HARNESS_NOT_INSTALLED") from exc
+        ctx = LaunchContext(
+            instruction=task.instruction,
+            base_url=base_url,
+            api_key=api_key,
+            model=rollout.model_name,
+            workdir=task.environment.workdir,
+            timeout_s=timeout_s,
+            command=rollout.command or self._default_command,
+        )
+        try:
+            launch = adapter(rollout.harness).launch(ctx, installed)
+        except InvalidCommand as exc:
+            raise InvalidArgument.field("command", str(exc)) from exc
+        image = self._images.get(rollout.harness, "")
+        if image:
+            return HarnessLaunch(**{**launch.__dict__, "image": image})
+        return launch

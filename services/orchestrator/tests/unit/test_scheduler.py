@@ -1,0 +1,241 @@
+"""Scheduler and executor with a fake sandbox backend and fake proxy sessions (test doubles).
+
+Checks the global and per-task concurrency limits, that only infrastructure failures are
+retried, how outcomes are classified (reward, timeout, bypass), the policy-version gate, and
+cancellation of waiting and running rollouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from openforge_orchestrator.domain.execution import ExecutionSettings, RolloutExecutor
+from openforge_orchestrator.domain.rollouts import Rollout, RolloutRegistry, RolloutStatus, TaskRef
+from openforge_orchestrator.domain.sandbox import ExecutionPlan, ExecutionResult, HarnessLaunch, SandboxStartError
+from openforge_orchestrator.domain.scheduler import Scheduler
+from openforge_orchestrator.domain.tasks import Task, TaskCatalog
+from openforge_orchestrator.domain.verifier import Reward
+
+
+class Events:
+    def __init__(self) -> None:
+        self.log: list[tuple[str, Rollout]] = []
+
+    async def submitted(self, request_id: str, rollouts: list[Rollout]) -> None:
+        self.log += [("submitted", r) for r in rollouts]
+
+    async def started(self, rollout: Rollout) -> None:
+        self.log.append(("started", rollout))
+
+    async def finished(self, rollout: Rollout) -> None:
+        self.log.append(("finished", rollout))
+
+
+class FakeSessions:
+    """A fake proxy: counts calls per rollout as the scripted backend says."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.opened: list[tuple[str, int]] = []
+        self.closed: list[str] = []
+
+    async def open(self, rollout: Rollout, attempt: int, ttl_s: float) -> str:
+        self.opened.append((rollout.rollout_id, attempt))
+        return f"key-{rollout.rollout_id}-{attempt}"
+
+    async def close(self, rollout_id: str) -> int:
+        self.closed.append(rollout_id)
+        return self.calls.get(rollout_id, 0)
+
+
+class FakeBackend:
+    """A fake sandbox backend: each task id names a scripted behaviour."""
+
+    proxy_base_url = "http://127.0.0.1:8080"
+
+    def __init__(self, sessions: FakeSessions) -> None:
+        self.sessions = sessions
+        self.running = 0
+        self.peak = 0
+        self.attempts: dict[str, int] = {}
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def execute(self, plan: ExecutionPlan) -> ExecutionResult:
+        rid = plan.rollout_id
+        self.attempts[rid] = self.attempts.get(rid, 0) + 1
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            await self.gate.wait()
+            await asyncio.sleep(0.01)
+            behaviour = plan.task.task_id
+            if behaviour == "flaky-start" and self.attempts[rid] == 1:
+                raise SandboxStartError("no space left")
+            if behaviour == "crash-first" and self.attempts[rid] == 1:
+                return ExecutionResult(exit_code=1, timed_out=False, start_latency_s=0.01, harness_s=0.1)
+            if behaviour == "always-crash":
+                return ExecutionResult(exit_code=1, timed_out=False, start_latency_s=0.01, harness_s=0.1)
+            if behaviour == "sleep":
+                await asyncio.sleep(3600)
+            calls = {"no-call": 0, "policy-fail": 3}.get(behaviour, 2)
+            self.sessions.calls[rid] = calls
+            assert plan.on_harness_exit is not None
+            await plan.on_harness_exit()
+            reward = Reward(0.0 if behaviour == "policy-fail" else 1.0)
+            blocked = ("tcp 203.0.113.7:443",) if behaviour == "phone-home" else ()
+            return ExecutionResult(
+                exit_code=None if behaviour == "timeout" else (1 if behaviour == "policy-fail" else 0),
+                timed_out=behaviour == "timeout",
+                start_latency_s=0.01,
+                harness_s=1.0,
+                reward=reward,
+                verifier_output="ok",
+                blocked_destinations=blocked,
+            )
+        finally:
+            self.running -= 1
+
+    async def close(self) -> None:
+        pass
+
+
+class FakePolicy:
+    def __init__(self, version: int) -> None:
+        self.version = version
+
+    async def current(self) -> int:
+        return self.version
+
+
+def _catalog(root: Path, names: list[str]) -> TaskCatalog:
+    for n in names:
+        d = root / "s" / n
+        (d / "tests").mkdir(parents=True)
+        (d / "tests" / "test.sh").write_text("true\n")
+        (d / "instruction.md").write_text(n)
+        (d / "task.toml").write_text("[agent]\ntimeout_sec = 5\n")
+    return TaskCatalog(root)
+
+
+def _check(catalog: TaskCatalog, ref: TaskRef) -> None:
+    catalog.get(ref.task_set, ref.task_id)
+
+
+def _launch(rollout: Rollout, task: Task, base_url: str, api_key: str, timeout_s: float) -> HarnessLaunch:
+    return HarnessLaunch(name=rollout.harness, argv=("run", api_key))
+
+
+def _stack(tmp_path: Path, names: list[str], **kw: Any) -> tuple[Scheduler, RolloutRegistry, FakeBackend, Events]:
+    events = Events()
+    reg = RolloutRegistry(events)
+    sessions = FakeSessions()
+    backend = FakeBackend(sessions)
+    catalog = _catalog(tmp_path, names)
+    executor = RolloutExecutor(
+        reg,
+        catalog,
+        backend,
+        sessions,
+        _launch,
+        kw.pop("policy", None),
+        ExecutionSettings(max_infra_attempts=3, policy_wait_s=0.3, policy_poll_s=0.05),
+    )
+    sched = Scheduler(
+        reg,
+        executor,
+        max_concurrent=kw.pop("max_concurrent", 4),
+        max_per_task=kw.pop("max_per_task", 2),
+        validate_task=lambda ref: _check(catalog, ref),
+    )
+    return sched, reg, backend, events
+
+
+async def _submit(sched: Scheduler, names: list[str], n: int = 1, **kw: Any) -> list[Rollout]:
+    return await sched.submit(
+        request_id=kw.pop("request_id", "q"),
+        run_id="run",
+        tasks=[TaskRef(t, "s") for t in names],
+        group_size=n,
+        harness="command",
+        model_name="m",
+        min_policy_version=kw.pop("min_policy_version", 0),
+        timeout_s=0.0,
+    )
+
+
+async def _done(reg: RolloutRegistry, ids: list[str]) -> list[Rollout]:
+    for _ in range(500):
+        rs = [reg.get(i) for i in ids]
+        if all(r.status.terminal for r in rs):
+            return rs
+        await asyncio.sleep(0.01)
+    raise AssertionError([reg.get(i).status for i in ids])
+
+
+async def test_global_and_per_task_limits(tmp_path: Path) -> None:
+    sched, reg, backend, _ = _stack(tmp_path, ["a", "b", "c"], max_concurrent=4, max_per_task=2)
+    backend.gate.clear()
+    created = await _submit(sched, ["a", "b", "c"], n=5)
+    await asyncio.sleep(0.2)
+    assert backend.running == 4  # global limit
+    running = [r for r in (reg.get(c.rollout_id) for c in created) if r.status is RolloutStatus.RUNNING]
+    assert max(sum(r.task_id == t for r in running) for t in "abc") == 2  # per-task limit
+    backend.gate.set()
+    done = await _done(reg, [c.rollout_id for c in created])
+    assert all(r.status is RolloutStatus.SUCCEEDED and r.reward == 1.0 and r.calls == 2 for r in done)
+    assert backend.peak == 4
+
+
+async def test_outcomes_and_retries(tmp_path: Path) -> None:
+    names = ["flaky-start", "crash-first", "always-crash", "no-call", "phone-home", "timeout", "policy-fail"]
+    sched, reg, backend, events = _stack(tmp_path, names)
+    created = await _submit(sched, names)
+    by = {r.task_id: r for r in await _done(reg, [c.rollout_id for c in created])}
+    assert by["flaky-start"].status is RolloutStatus.SUCCEEDED and by["flaky-start"].attempts == 2
+    assert by["crash-first"].status is RolloutStatus.SUCCEEDED and by["crash-first"].attempts == 2
+    assert by["always-crash"].status is RolloutStatus.FAILED and by["always-crash"].attempts == 3
+    assert by["always-crash"].failure_reason == "infrastructure: harness exited 1 before its first model call"
+    assert by["no-call"].bypass_reason == "no model call went through the proxy" and by["no-call"].reward is None
+    assert by["phone-home"].status is RolloutStatus.FAILED and "203.0.113.7" in by["phone-home"].bypass_reason
+    assert by["timeout"].status is RolloutStatus.TIMED_OUT and by["timeout"].reward == 1.0
+    # a policy's failure (harness error after model calls, reward 0) is scored, never retried
+    assert by["policy-fail"].status is RolloutStatus.SUCCEEDED and by["policy-fail"].reward == 0.0
+    assert backend.attempts[by["policy-fail"].rollout_id] == 1 and by["policy-fail"].harness_exit_code == 1
+    kinds = [k for k, r in events.log if r.task_id == "flaky-start"]
+    assert kinds == ["submitted", "started", "finished"]  # one start fact even with a retry
+
+
+async def test_policy_gate(tmp_path: Path) -> None:
+    sched, reg, _, _ = _stack(tmp_path, ["a"], policy=FakePolicy(3))
+    ok = await _submit(sched, ["a"], min_policy_version=3, request_id="ok")
+    late = await _submit(sched, ["a"], min_policy_version=4, request_id="late")
+    (r_ok,) = await _done(reg, [ok[0].rollout_id])
+    (r_late,) = await _done(reg, [late[0].rollout_id])
+    assert r_ok.status is RolloutStatus.SUCCEEDED
+    assert r_late.status is RolloutStatus.FAILED and r_late.failure_reason.startswith("policy version 4")
+
+
+async def test_cancel_waiting_and_running(tmp_path: Path) -> None:
+    sched, reg, backend, _ = _stack(tmp_path, ["sleep"], max_concurrent=1, max_per_task=1)
+    running, waiting = await _submit(sched, ["sleep"], n=2)
+    await asyncio.sleep(0.1)
+    assert reg.get(running.rollout_id).status is RolloutStatus.RUNNING
+    w = await sched.cancel(waiting.rollout_id, "not needed")
+    assert w.status is RolloutStatus.CANCELLED and w.failure_reason == "not needed"
+    r = await sched.cancel(running.rollout_id, "stop")
+    assert r.status is RolloutStatus.CANCELLED and r.failure_reason == "stop" and backend.running == 0
+    assert (await sched.cancel(running.rollout_id, "again")).failure_reason == "stop"  # idempotent
+
+
+async def test_unknown_task_is_refused_at_submit(tmp_path: Path) -> None:
+    from openforge_core.errors import NotFound
+
+    sched, _, _, events = _stack(tmp_path, ["a"])
+    with pytest.raises(NotFound):
+        await _submit(sched, ["a", "missing"])
+    assert events.log == []
