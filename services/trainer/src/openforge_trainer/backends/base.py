@@ -22,6 +22,7 @@ from openforge_trainer.domain.samples import TrainBatch
 #: Backend name → ``"module:Class"``; the class is called with the run config.
 BACKENDS: dict[str, str] = {
     "torch": "openforge_trainer.backends.torch_backend:TorchBackend",
+    "verl": "openforge_trainer.backends.verl_backend:VerlBackend",
 }
 
 #: Files a checkpoint directory holds besides the weights (``optimizer.pt``).
