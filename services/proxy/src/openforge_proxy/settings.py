@@ -74,6 +74,8 @@ class ProxySettings(ServiceSettings):
         default_max_tokens: Completion cap when neither the harness nor the
             session gives one.
         generate_timeout_s: Deadline of one generation stream, seconds.
+        gc_tuning: Once the model is loaded, freeze what is alive and make
+            cyclic garbage collections rarer (``app.tune_gc``).
     """
 
     service_name: ClassVar[str] = "proxy"
@@ -86,3 +88,4 @@ class ProxySettings(ServiceSettings):
     max_heads: int = Field(default=4, ge=1)
     default_max_tokens: int = Field(default=4096, ge=1)
     generate_timeout_s: float = Field(default=900.0, gt=0)
+    gc_tuning: bool = True

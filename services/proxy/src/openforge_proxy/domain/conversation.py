@@ -147,9 +147,21 @@ class Message:
     refs: list[str] = field(default_factory=list)
     parts: list[Any] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    _template: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def template_dict(self) -> dict[str, Any]:
-        """The message as chat templates expect it."""
+        """The message as chat templates expect it.
+
+        Built once per message and shared (the call key, the comparisons with the model's
+        view and the render all read it): treat it as read-only, and do not change a message
+        once it was asked for (messages are complete when a protocol's ``parse`` returns).
+        """
+        d = self._template
+        if d is None:
+            d = self._template = self._build_template_dict()
+        return d
+
+    def _build_template_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.role == "assistant":
             if self.reasoning is not None:
@@ -171,7 +183,7 @@ class Message:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able form for the call record (template fields plus refs, parts, extra)."""
-        d = self.template_dict()
+        d = self._build_template_dict()
         for tc, out in zip(self.tool_calls, d.get("tool_calls", []), strict=True):
             out["kind"] = tc.kind.value
             if tc.namespace:

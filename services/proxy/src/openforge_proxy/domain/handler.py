@@ -325,9 +325,9 @@ class CallHandler:
                 ErrorKind.NOT_FOUND,
                 f"model {request.model!r} is not served in this session (use {session.model_name!r})",
             )
-        tools_key, _ = state.splicer.tools_key(request.tools)
+        tools = state.splicer.tools_key(request.tools)
         digest = hashlib.blake2b(digest_size=16)
-        digest.update(tools_key.encode())
+        digest.update(tools[0].encode())
         digest.update(orjson.dumps([m.template_dict() for m in request.messages]))
         call_key = digest.hexdigest()
         known = state.calls.get(call_key)
@@ -338,7 +338,9 @@ class CallHandler:
         if limits.max_total_tokens and session.total_tokens >= limits.max_total_tokens:
             raise ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {limits.max_total_tokens} tokens")
         try:
-            plan = state.splicer.build(request.messages, request.tools, retry_of=known.call_id if known else "")
+            plan = state.splicer.build(
+                request.messages, request.tools, retry_of=known.call_id if known else "", tools_of=tools
+            )
         except Exception as exc:  # the template refused the conversation
             raise ApiError(ErrorKind.INVALID_REQUEST, f"the conversation cannot be rendered: {exc}") from exc
         sampling = self._sampling(session, request, runtime, len(plan.prompt))

@@ -41,23 +41,25 @@ _HOST_VALUE = re.compile(rb'[^\s|"\\]+')
 _WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
 
+# A key right after a quote (only those are identifiers). No key contains a quote or is a
+# prefix of another, so one left-to-right scan finds exactly the quote-preceded occurrences of
+# every key, in one pass over the body instead of one ``bytes.find`` pass per key.
+_QUOTED_KEY = re.compile(b'"(?:' + b"|".join(re.escape(k) for k in _ID_KEYS) + b")")
+
+
 def _value_spans(raw: bytes) -> list[tuple[int, int]]:
     """Byte spans of identifier values to replace.
 
-    Keys are found with ``bytes.find`` (a fast scan of the body per key) and the
-    value is matched from there, so the cost is a few passes at memory speed,
-    not a regular expression tried at every offset of a 150 KB body.
+    Keys are found with one regular-expression scan anchored on the quote before them and
+    ``host=`` with ``bytes.find``, and the value is matched from there, so the cost is two
+    passes at close to memory speed, not a regular expression tried at every offset of a
+    150 KB body.
     """
     spans: list[tuple[int, int]] = []
-    for key in _ID_KEYS:
-        i = raw.find(key)
-        while i >= 0:
-            end = i + len(key)
-            if i > 0 and raw[i - 1] == 0x22:  # '"' right before the key
-                m = _VALUE_AFTER_KEY.match(raw, end)
-                if m is not None:
-                    spans.append(m.span(1))
-            i = raw.find(key, end)
+    for key in _QUOTED_KEY.finditer(raw):
+        m = _VALUE_AFTER_KEY.match(raw, key.end())
+        if m is not None:
+            spans.append(m.span(1))
     i = raw.find(b"host=")
     while i >= 0:
         end = i + 5

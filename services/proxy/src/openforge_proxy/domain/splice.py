@@ -287,17 +287,31 @@ class Splicer:
     # --- building -----------------------------------------------------------
 
     def tools_key(self, tools: Sequence[Tool]) -> tuple[str, list[dict[str, Any]]]:
-        """Identity of the rendered tools and their template form."""
-        dicts = [t.template_dict() for t in tools if t.rendered]
-        return hashlib.blake2b(orjson.dumps(dicts), digest_size=16).hexdigest(), dicts
+        """Identity of the rendered tools and their template form.
 
-    def build(self, messages: list[Message], tools: Sequence[Tool], *, retry_of: str = "") -> PromptPlan:
+        Calls (of every session) offering the same tools get the same template form objects
+        (:meth:`ChatTemplate.shared_tools`; equal JSON of parsed JSON values is equal values),
+        so the template's ``tojson`` of them runs once, not once per call.
+        """
+        dicts = [t.template_dict() for t in tools if t.rendered]
+        key = hashlib.blake2b(orjson.dumps(dicts), digest_size=16).hexdigest()
+        return key, self._tpl.shared_tools(key, dicts)
+
+    def build(
+        self,
+        messages: list[Message],
+        tools: Sequence[Tool],
+        *,
+        retry_of: str = "",
+        tools_of: tuple[str, list[dict[str, Any]]] | None = None,
+    ) -> PromptPlan:
         """Builds the prompt for a request.
 
         Args:
             messages: The request's canonical conversation.
             tools: Its tools.
             retry_of: The call id when this request repeats an earlier call.
+            tools_of: :meth:`tools_key` of ``tools`` when the caller computed it already.
 
         Returns:
             The plan (prompt ids, model view, report).
@@ -305,7 +319,7 @@ class Splicer:
         Raises:
             jinja2.TemplateError: The template refused the conversation.
         """
-        tools_key, tool_dicts = self.tools_key(tools)
+        tools_key, tool_dicts = tools_of if tools_of is not None else self.tools_key(tools)
         used: set[str] = set()
         matched: list[str | None] = []
         for msg in messages:

@@ -15,6 +15,7 @@ here is the prompt a ``transformers``/vLLM server would render.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -51,6 +52,12 @@ def _tojson(
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+#: Objects whose ``tojson`` text a template remembers (then it forgets them all and starts over).
+_JSON_MEMO = 4096
+#: Distinct tool sets a template keeps (:meth:`ChatTemplate.shared_tools`).
+_TOOL_SETS = 64
+
+
 def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
@@ -70,7 +77,7 @@ class ChatTemplate:
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
         )
-        env.filters["tojson"] = _tojson
+        env.filters["tojson"] = self._tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
         try:
@@ -79,6 +86,50 @@ class ChatTemplate:
             raise FailedPrecondition(f"the chat template does not compile: {exc}", reason="BAD_TEMPLATE") from exc
         self.source = source
         self._special = dict(special_tokens or {})
+        self._json: dict[int, tuple[Any, tuple[Any, ...], str]] = {}
+        self._tools: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+
+    def shared_tools(self, key: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The tool definitions kept under ``key`` (their identity), else ``tools``, now kept.
+
+        Every session of a harness offers the same tools: handing the renders one set of
+        objects lets :meth:`_tojson` serialize them once. The objects are never changed.
+        """
+        kept = self._tools.get(key)
+        if kept is not None:
+            self._tools.move_to_end(key)
+            return kept
+        self._tools[key] = tools
+        if len(self._tools) > _TOOL_SETS:
+            self._tools.popitem(last=False)
+        return tools
+
+    def _tojson(
+        self,
+        x: Any,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: Any = None,
+        sort_keys: bool = False,
+    ) -> str:
+        """``tojson``, remembered per object for dicts and lists.
+
+        Renders get the same tool dicts while the tools do not change (:meth:`shared_tools`),
+        and messages their same argument objects, so a call serializes only what is new.
+        Entries hold their object (its id cannot be reused while remembered); nothing the
+        proxy passes to a render is changed afterwards.
+        """
+        if not isinstance(x, dict | list):
+            return _tojson(x, ensure_ascii, indent, separators, sort_keys)
+        opts = (ensure_ascii, indent, separators, sort_keys)
+        hit = self._json.get(id(x))
+        if hit is not None and hit[0] is x and hit[1] == opts:
+            return hit[2]
+        out = _tojson(x, ensure_ascii, indent, separators, sort_keys)
+        if len(self._json) >= _JSON_MEMO:
+            self._json.clear()
+        self._json[id(x)] = (x, opts, out)
+        return out
 
     def render(
         self,

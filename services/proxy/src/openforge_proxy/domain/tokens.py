@@ -128,6 +128,61 @@ class ChunkCache:
         return len(self._ids)
 
 
+class SharedChunks:
+    """Token ids of large chunks that several sessions sent, shared by all sessions of the process.
+
+    Every session of a harness starts with the same system prompt and tool definitions
+    (a Claude Code request is ~35k tokens of them), so a session's first call would otherwise
+    tokenize text the process tokenized for the previous session already. Ids are a pure
+    function of the chunk text and the tokenizer, so sharing them changes no prompt.
+
+    Only chunks of at least ``min_chars`` characters are kept (small chunks are cheap to encode),
+    and only once a second session misses them: a chunk one session alone sends (its first user
+    message, its tool results) leaves just its hash in a bounded list of recent ones, so closed
+    sessions leave nothing behind that grows with the number of calls.
+
+    Args:
+        max_chars: Most characters of chunk text kept; least recently used chunks go first.
+        min_chars: Smallest chunk kept.
+        max_seen: Hashes of chunks seen once that are remembered.
+    """
+
+    def __init__(self, max_chars: int = 16_000_000, min_chars: int = 2048, max_seen: int = 4096) -> None:
+        self._max = max_chars
+        self.min_chars = min_chars
+        self._max_seen = max_seen
+        self._chars = 0
+        self._entries: OrderedDict[str, tuple[str, array[int], bytes]] = OrderedDict()
+        self._seen: OrderedDict[int, None] = OrderedDict()
+
+    def get(self, chunk: str) -> tuple[str, array[int], bytes] | None:
+        """The chunk's kept key object and ids, if kept."""
+        entry = self._entries.get(chunk)
+        if entry is not None:
+            self._entries.move_to_end(chunk)
+        return entry
+
+    def offer(self, chunk: str, ids: array[int], packed: bytes) -> None:
+        """Keeps a chunk a session just encoded if it is large and another session encoded it before."""
+        if len(chunk) < self.min_chars or chunk in self._entries:
+            return
+        h = hash(chunk)
+        if h not in self._seen:
+            self._seen[h] = None
+            if len(self._seen) > self._max_seen:
+                self._seen.popitem(last=False)
+            return
+        del self._seen[h]
+        self._entries[chunk] = (chunk, ids, packed)
+        self._chars += len(chunk)
+        while self._chars > self._max and len(self._entries) > 1:
+            old, _ = self._entries.popitem(last=False)
+            self._chars -= len(old)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class TokenizerCodec:
     """A ``tokenizers.Tokenizer`` with chunked encoding and streaming decoding.
 
@@ -143,6 +198,7 @@ class TokenizerCodec:
         if split_marker and tokenizer.token_to_id(split_marker) is None:
             raise FailedPrecondition(f"{split_marker!r} is not a token of this tokenizer", reason="BAD_TOKENIZER")
         self._varints = [varint(i) for i in range(tokenizer.get_vocab_size(with_added_tokens=True))]
+        self.shared = SharedChunks()
 
     @classmethod
     def from_dir(cls, model_dir: Path, split_marker: str = "") -> TokenizerCodec:
@@ -205,17 +261,37 @@ class TokenizerCodec:
         marker = self.split_marker
         parts = text.split(marker)
         chunks = [parts[0]] if parts[0] else []
-        chunks.extend(marker + p for p in parts[1:])
-        missing = [c for c in chunks if cache.get(c) is None]
+        chunks.extend([marker + p for p in parts[1:]])
+        get = cache.get
+        got = [get(c) for c in chunks]
+        missing = [c for c, g in zip(chunks, got, strict=True) if g is None]
         if missing:
-            encoded = self._tok.encode_batch_fast(missing, add_special_tokens=False)
-            for c, enc in zip(missing, encoded, strict=True):
-                ids = enc.ids
-                cache.put(c, (array("i", ids), self.pack(ids)))
-        for c in chunks:
-            got = cache.get(c)
-            assert got is not None
-            out.add(*got)
+            shared = self.shared
+            fresh: dict[str, tuple[str, array[int], bytes]] = {}
+            to_encode: list[str] = []
+            for c in dict.fromkeys(missing):  # a chunk twice in one text is encoded once
+                kept = shared.get(c) if len(c) >= shared.min_chars else None
+                if kept is None:
+                    to_encode.append(c)
+                else:
+                    fresh[c] = kept
+            if to_encode:
+                encoded = self._tok.encode_batch_fast(to_encode, add_special_tokens=False)
+                for c, enc in zip(to_encode, encoded, strict=True):
+                    ids = enc.ids
+                    ids_arr, packed = array("i", ids), self.pack(ids)
+                    fresh[c] = (c, ids_arr, packed)
+                    shared.offer(c, ids_arr, packed)
+            for c in missing:
+                key, ids_arr, packed = fresh[c]
+                cache.put(key, (ids_arr, packed))  # the shared key object: one copy of the text in memory
+            got = [g if g is not None else fresh[c][1:] for c, g in zip(chunks, got, strict=True)]
+        add_ids = out.ids.extend
+        add_packed = out.parts.append
+        for g in got:
+            assert g is not None
+            add_ids(g[0])
+            add_packed(g[1])
 
     def decode(self, ids: list[int]) -> str:
         """Text of ``ids`` with special tokens kept."""
