@@ -8,6 +8,8 @@ interceptor.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -85,6 +87,65 @@ def model_info_to_proto(m: ModelInfo) -> inference_pb2.GetModelInfoResponse:
     )
 
 
+_END: Any = object()
+
+
+def _merge(deltas: list[GenerateDelta]) -> GenerateDelta:
+    if len(deltas) == 1:
+        return deltas[0]
+    last = deltas[-1]
+    return GenerateDelta(
+        token_ids=tuple(t for d in deltas for t in d.token_ids),
+        logprobs=tuple(x for d in deltas for x in d.logprobs),
+        policy_versions=tuple(v for d in deltas for v in d.policy_versions),
+        top_logprobs=tuple(t for d in deltas for t in d.top_logprobs),
+        finish_reason=last.finish_reason,
+        usage=last.usage,
+    )
+
+
+async def _coalesced(stream: AsyncIterator[GenerateDelta]) -> AsyncIterator[GenerateDelta]:
+    """Yields the engine's deltas, merging those that arrived while the previous message was
+    being sent, so a slow reader gets fewer, larger messages instead of falling behind (tokens,
+    logprobs and versions keep their order; the finish reason and usage stay on the last).
+
+    Closing this generator (the client went away) closes the engine stream, which aborts the
+    request.
+    """
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for delta in stream:
+                queue.put_nowait(delta)
+        except Exception as exc:
+            queue.put_nowait(exc)
+        queue.put_nowait(_END)
+
+    task = asyncio.create_task(pump())
+    try:
+        done = False
+        while not done:
+            items = [await queue.get()]
+            while not queue.empty():
+                items.append(queue.get_nowait())
+            batch: list[GenerateDelta] = []
+            for item in items:
+                if item is _END:
+                    done = True
+                    break
+                if isinstance(item, Exception):
+                    raise item
+                batch.append(item)
+            if batch:
+                yield _merge(batch)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     """The inference API over one engine.
 
@@ -131,12 +192,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             sampling=sampling_options(request.sampling),
             min_policy_version=request.min_policy_version,
         )
-        stream = engine.generate(req)
-        try:
-            async for delta in stream:
-                yield delta_to_proto(delta)
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
+        async for delta in _coalesced(engine.generate(req)):
+            yield delta_to_proto(delta)
 
     async def Abort(
         self, request: inference_pb2.AbortRequest, context: grpc.aio.ServicerContext[Any, Any]
