@@ -81,8 +81,10 @@ class GenerateResponse(_message.Message):
 
     @_builtins.property
     def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
-        """Logprob (natural log, fp32 softmax over the full vocabulary after
-        temperature scaling as vLLM reports it) of each sampled token.
+        """Logprob (natural log, fp32) of each sampled token as vLLM reports it
+        ("processed" logprobs): log-softmax of the temperature-scaled logits after
+        top-k/top-p filtering (over the full vocabulary when neither is set; raw
+        logits when greedy). The transformers engine computes the same quantity.
         """
 
     @_builtins.property
