@@ -29,9 +29,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
-    base = free_port()
-    while any(_port_busy(base + i) for i in range(5)):
-        base = free_port()
+    base = _free_block(5)
     nats_port = free_port()
     t0 = time.monotonic()
     up = _cli(
@@ -79,7 +77,7 @@ def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
 def test_up_fails_cleanly_when_a_service_cannot_start(tmp_path: Path) -> None:
     env_model = tmp_path / "no-such-model"
     with_bad_env = {**os.environ, "OPENFORGE_MODEL_PATH": str(env_model)}
-    base = free_port()
+    base = _free_block(5)
     res = subprocess.run(
         [
             str(Path(sys.executable).parent / "openforge"),
@@ -105,8 +103,25 @@ def test_up_fails_cleanly_when_a_service_cannot_start(tmp_path: Path) -> None:
     assert local.UpState.load(tmp_path / "st") is None  # everything started was stopped again
 
 
-def _port_busy(port: int) -> bool:
+def _free_block(n: int) -> int:
+    """The first of ``n`` consecutive ports that can all be bound now, chosen below the kernel's
+    ephemeral range (32768+) so outgoing connections do not take one in the meantime."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - n)
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
