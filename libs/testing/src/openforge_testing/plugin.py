@@ -21,6 +21,9 @@ import pytest
 
 from openforge_testing.servers import NatsServer, ServiceProcess, free_port
 
+# Plain asserts in the shared end-to-end checks get pytest's detailed messages too.
+pytest.register_assert_rewrite("openforge_testing.rollouts")
+
 POSTGRES_ENV = "OPENFORGE_TEST_POSTGRES_DSN"
 
 
