@@ -33,7 +33,6 @@ from __future__ import annotations
 import importlib
 import itertools
 import math
-import shutil
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -43,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
+from openforge_trainer.backends import hf_common
 from openforge_trainer.backends.base import OPTIMIZER_FILE
 from openforge_trainer.domain.config import RunConfig
 from openforge_trainer.domain.samples import TrainBatch, TrainSample
@@ -57,7 +57,6 @@ ADV_ESTIMATORS: Final = {"grpo": "grpo", "rloo": "rloo", "reinforce++": "reinfor
 POLICY_LOSSES: Final = {"ppo-clip": "vanilla", "gspo": "gspo"}
 
 #: Files of a model directory that a checkpoint rewrites itself instead of copying.
-_MODEL_FILES: Final = {"config.json", "generation_config.json", "model.safetensors.index.json", OPTIMIZER_FILE}
 
 
 @dataclass(frozen=True)
@@ -508,16 +507,7 @@ class TorchBackend:
 
     def save_checkpoint(self, directory: Path) -> None:
         """Writes ``model.safetensors``, config, tokenizer files and ``optimizer.pt``."""
-        import torch
-
-        self.model.save_pretrained(str(directory), safe_serialization=True)
-        torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
-        if self._model_dir is not None:
-            for path in sorted(self._model_dir.iterdir()):
-                if path.is_file() and path.suffix not in (".safetensors", ".bin") and path.name not in _MODEL_FILES:
-                    target = directory / path.name
-                    if not target.exists():
-                        shutil.copy2(path, target)
+        hf_common.save_checkpoint(self.model, self.optimizer, self._model_dir, directory)
 
     def close(self) -> None:
         """Drops the model, reference and optimizer."""
@@ -564,26 +554,12 @@ class TorchBackend:
         info["loss_scale_factor"] = horizon
 
     def _clip_and_step(self) -> float:
-        import torch
-
-        params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self._config.max_grad_norm if self._config.max_grad_norm > 0 else math.inf
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        if math.isfinite(norm):
-            self.optimizer.step()
-        else:
-            log.warning("backend.nonfinite_grad", grad_norm=norm)
-        # The gradients stay until the next update zeroes them (tests read them).
-        return norm
+        return hf_common.clip_and_step(self.model, self.optimizer, max_norm, "backend.nonfinite_grad")
 
     @staticmethod
     def _throughput(batch: TrainBatch, seconds: float) -> dict[str, float]:
-        return {
-            "tokens/total": float(batch.num_tokens),
-            "tokens/sampled": float(batch.num_sampled_tokens),
-            "tokens/per_s": batch.num_tokens / seconds if seconds > 0 else 0.0,
-            "time/backend_s": seconds,
-        }
+        return hf_common.throughput(batch, seconds)
 
 
 def _backward(loss: Any) -> None:

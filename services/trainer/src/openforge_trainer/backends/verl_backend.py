@@ -27,8 +27,6 @@ and on one GPU. The multi-GPU path runs veRL's Ray worker group with the config 
 from __future__ import annotations
 
 import importlib
-import math
-import shutil
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -38,7 +36,7 @@ from typing import Any, Final
 import structlog
 
 from openforge_core.errors import InvalidArgument
-from openforge_trainer.backends import verl_batch
+from openforge_trainer.backends import hf_common, verl_batch
 from openforge_trainer.backends.base import OPTIMIZER_FILE
 from openforge_trainer.domain.config import RunConfig
 from openforge_trainer.domain.samples import TrainBatch
@@ -51,8 +49,6 @@ VERL_VERSION: Final = "0.9.1"
 #: Our names → veRL's.
 ADV_ESTIMATORS: Final = {"grpo": "grpo", "rloo": "rloo", "reinforce++": "reinforce_plus_plus"}
 POLICY_LOSSES: Final = {"ppo-clip": "vanilla", "gspo": "gspo"}
-
-_MODEL_FILES: Final = {"config.json", "generation_config.json", "model.safetensors.index.json", OPTIMIZER_FILE}
 
 
 def _reject(field: str, why: str) -> InvalidArgument:
@@ -402,16 +398,7 @@ class VerlBackend:
 
     def save_checkpoint(self, directory: Path) -> None:
         """Writes ``model.safetensors`` (HF layout), config, tokenizer files and ``optimizer.pt``."""
-        import torch
-
-        self.model.save_pretrained(str(directory), safe_serialization=True)
-        torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
-        if self._model_dir is not None:
-            for path in sorted(self._model_dir.iterdir()):
-                if path.is_file() and path.suffix not in (".safetensors", ".bin") and path.name not in _MODEL_FILES:
-                    target = directory / path.name
-                    if not target.exists():
-                        shutil.copy2(path, target)
+        hf_common.save_checkpoint(self.model, self.optimizer, self._model_dir, directory)
 
     def close(self) -> None:
         """Drops the model, reference and optimizer."""
@@ -422,25 +409,12 @@ class VerlBackend:
     # ---- helpers ----
 
     def _clip_and_step(self) -> float:
-        import torch
-
-        params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self._mapped["actor_rollout_ref"]["actor"]["optim"]["clip_grad"]
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        if math.isfinite(norm):
-            self.optimizer.step()
-        else:
-            log.warning("verl_backend.nonfinite_grad", grad_norm=norm)
-        return norm
+        return hf_common.clip_and_step(self.model, self.optimizer, max_norm, "verl_backend.nonfinite_grad")
 
     @staticmethod
     def _throughput(batch: TrainBatch, seconds: float) -> dict[str, float]:
-        return {
-            "tokens/total": float(batch.num_tokens),
-            "tokens/sampled": float(batch.num_sampled_tokens),
-            "tokens/per_s": batch.num_tokens / seconds if seconds > 0 else 0.0,
-            "time/backend_s": seconds,
-        }
+        return hf_common.throughput(batch, seconds)
 
 
 def _metric_value(metric: Any) -> tuple[float, bool]:
