@@ -29,7 +29,9 @@ Measured, forwarder and proxy in the same run:
     conversation: a one-off cost that would otherwise fill the window at 128);
 (c) the proxy's memory (RSS), measured first, on a fresh proxy: per open session (two calls each), and growth
     with recorded calls (rollouts of two calls, sessions closed after; bytes
-    per call between two checkpoints);
+    per call between two checkpoints, and over the second half alone: bounded
+    caches, such as the most recently closed sessions the proxy remembers,
+    fill during the first);
 (d) the proxy's CPU per call (all its threads, from ``/proc``) at turn 2 and
     at turn ``--turns`` of a growing conversation.
 
@@ -45,6 +47,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import statistics
 import sys
@@ -329,6 +332,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     from openforge_testing.servers import NatsServer, ServiceProcess, free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
+    load0 = os.getloadavg()
+    print(f"load average at the start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} ({os.cpu_count()} CPUs)")
     t0 = time.monotonic()
     model = build_fake_model_dir(tmp / "model", context_length=10_000_000, vocab_size=32768, corpus=_corpus())
     from tokenizers import Tokenizer
@@ -344,7 +349,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     )
     engine_port, fwd_port = free_port(), free_port()
     children: list[Child] = []
-    results: dict[str, Any] = {"body_kb": len(base_json) // 1024}
+    results: dict[str, Any] = {"body_kb": len(base_json) // 1024, "load_average_start": load0}
     with NatsServer(tmp / "nats") as nats:
         children.append(Child("--role", "engine", "--model-dir", str(model), "--port", str(engine_port)))
         children.append(
@@ -418,20 +423,26 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 per_session = (rss1 - rss0) / args.sessions
                 await rollouts(args.rollouts // 5, "mem-warm", close=True)
                 rss2 = rss_bytes(pid)
-                await rollouts(args.rollouts, "mem-closed", close=True)
+                half = args.rollouts // 2
+                await rollouts(half, "mem-closed-a", close=True)
                 rss3 = rss_bytes(pid)
-                growth = (rss3 - rss2) / (2 * args.rollouts)
+                await rollouts(args.rollouts - half, "mem-closed-b", close=True)
+                rss4 = rss_bytes(pid)
+                growth = (rss4 - rss2) / (2 * args.rollouts)
+                growth_b = (rss4 - rss3) / (2 * (args.rollouts - half))
                 results["memory"] = {
                     "per_open_session_kb": per_session / 1024,
                     "growth_per_recorded_call_b": growth,
-                    "rss_mb": rss3 / 2**20,
+                    "growth_per_recorded_call_second_half_b": growth_b,
+                    "rss_mb": rss4 / 2**20,
                 }
                 print(
                     f"per open session (2 calls, {len(base_json) // 1024} KB conversation): {per_session / 1024:.0f} KB"
                 )
                 print(
                     f"growth with recorded calls ({2 * args.rollouts} calls in closed sessions): "
-                    f"{growth:.0f} B per call (RSS {rss2 / 2**20:.0f} -> {rss3 / 2**20:.0f} MB)"
+                    f"{growth:.0f} B per call (RSS {rss2 / 2**20:.0f} -> {rss3 / 2**20:.0f} -> {rss4 / 2**20:.0f} MB; "
+                    f"second half alone: {growth_b:.0f} B per call)"
                 )
 
                 print(f"\n(a) latency at one session, {args.calls} calls (half streaming), ms")
@@ -475,6 +486,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 end_kb = len(conv.payload(False)) // 1024
                 results["cpu_ms"] = {"turn2": near, f"turn{args.turns}": far, "end_body_kb": end_kb}
                 print(f"turn 2: {near:.2f} ms   turn {args.turns}: {far:.2f} ms   (body {end_kb} KB at the end)")
+                load1 = os.getloadavg()
+                results["load_average_end"] = load1
+                print(f"\nload average at the end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
         finally:
             proxy.stop()
             for c in children:

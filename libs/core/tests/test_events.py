@@ -6,6 +6,7 @@ import asyncio
 import uuid
 from typing import Any
 
+import pytest
 from google.protobuf.message import Message
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -67,6 +68,25 @@ async def test_publish_consume_and_deduplicate(nats_server_fn: NatsServer) -> No
         versions = [e.version for e, _, _ in got.received]  # type: ignore[attr-defined]
         assert versions == [1, 2]
         assert [d.event_id for _, d, _ in got.received] == ["w/1", "w/2"]
+    finally:
+        await producer.close()
+        await consumer.close()
+
+
+async def test_publish_bytes_is_received_as_the_message(nats_server_fn: NatsServer) -> None:
+    producer, consumer = await _bus(nats_server_fn), await _bus(nats_server_fn)
+    try:
+        got = Collector()
+        await consumer.consume("c-bytes", [SUBJECT], [events_pb2.WeightsPublished], got)
+        name = events_pb2.WeightsPublished.DESCRIPTOR.full_name
+        raw = _event(7).SerializeToString()
+        assert await producer.publish_bytes(SUBJECT, raw, type_name=name, event_id="w/7") is True
+        assert await producer.publish_bytes(SUBJECT, raw, type_name=name, event_id="w/7") is False  # de-dup
+        await got.wait_for(1)
+        event, delivery, _ = got.received[0]
+        assert event == _event(7) and delivery.event_id == "w/7" and delivery.data == raw
+        with pytest.raises(ValueError):
+            await producer.publish_bytes(SUBJECT, raw, type_name="", event_id="w/8")
     finally:
         await producer.close()
         await consumer.close()

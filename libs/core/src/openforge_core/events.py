@@ -183,6 +183,40 @@ class EventBus:
         log.info("event.published", subject=subject, event_id=event_id, duplicate=bool(ack.duplicate))
         return not ack.duplicate
 
+    async def publish_bytes(self, subject: str, data: bytes, *, type_name: str, event_id: str) -> bool:
+        """Publishes one event already serialized and waits for JetStream's acknowledgement.
+
+        For producers that build an event's wire bytes themselves (the proxy appends its large
+        fields by hand). Consumers see exactly what :meth:`publish` of the parsed message sends.
+        Logged at debug level only: such producers log the outcome themselves.
+
+        Args:
+            subject: ``openforge.<domain>.v1.<event>``.
+            data: The serialized event message.
+            type_name: Its full proto name (``openforge.proxy.v1.CallRecorded``), the
+                ``Openforge-Type`` header consumers decode by.
+            event_id: De-duplication id (``Nats-Msg-Id``); stable across retries.
+
+        Returns:
+            True when stored, False when JetStream dropped it as a duplicate.
+
+        Raises:
+            ValueError: ``subject`` is not an openforge event subject, or ``event_id`` or
+                ``type_name`` is empty.
+            nats.errors.TimeoutError: No acknowledgement in time (safe to retry: de-duplicated).
+        """
+        if not event_id:
+            raise ValueError("event_id must not be empty")
+        if not type_name:
+            raise ValueError("type_name must not be empty")
+        await self.ensure_stream(_domain_of(subject))
+        with tracer.start_as_current_span(f"publish {subject}", kind=trace.SpanKind.PRODUCER):
+            headers = {TYPE_HEADER: type_name, MSG_ID_HEADER: event_id}
+            inject_context(headers)
+            ack = await self.js.publish(subject, data, headers=headers)
+        log.debug("event.published", subject=subject, event_id=event_id, duplicate=bool(ack.duplicate))
+        return not ack.duplicate
+
     async def consume(
         self,
         durable: str,

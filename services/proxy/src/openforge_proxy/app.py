@@ -93,7 +93,9 @@ class ProxyApp:
     def __init__(self, settings: ProxySettings) -> None:
         self.service_names = [proxy_pb2.DESCRIPTOR.services_by_name["ProxyService"].full_name]
         self.settings = settings
-        self.sessions = SessionRegistry(settings.session_ttl_s, settings.max_sessions)
+        self.sessions = SessionRegistry(
+            settings.session_ttl_s, settings.max_sessions, max_ended=settings.max_ended_sessions
+        )
         self.events = EventBus(settings.nats)
         self.engine = GrpcEngine(settings.services.inference, generate_timeout_s=settings.generate_timeout_s)
         self.loader = ModelLoader(self.engine, settings)

@@ -66,6 +66,8 @@ class ProxySettings(ServiceSettings):
         session_ttl_s: Default lifetime of a session key, seconds
             (``OPENFORGE_SESSION_TTL_S``).
         max_sessions: Most open sessions kept at once.
+        max_ended_sessions: Most closed or expired sessions remembered (the most recently
+            ended; older ones are forgotten, so memory does not grow with rollouts served).
         http: The harness-facing HTTP server.
         model: How the served model is used.
         record: Call records.
@@ -82,6 +84,7 @@ class ProxySettings(ServiceSettings):
 
     session_ttl_s: float = Field(default=3600.0, gt=0)
     max_sessions: int = Field(default=100_000, gt=0)
+    max_ended_sessions: int = Field(default=256, ge=0)
     http: HttpSettings = HttpSettings()
     model: ModelSettings = ModelSettings()
     record: RecordSettings = RecordSettings()

@@ -17,7 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from openforge_proxy.domain.splice import norm_ref
+import pytest
+
+from openforge_proxy.domain.splice import Splicer, _RenderMemo, norm_ref
 from openforge_testing.fakes import ScriptedInferenceServer, final_text, tool_call_text
 
 CHAT = "/v1/chat/completions"
@@ -165,3 +167,67 @@ async def test_each_call_encodes_only_its_new_chunks(model_dir: Path, start_prox
 
 def test_ids_match_loosely() -> None:
     assert norm_ref("call_9617da-X") == norm_ref("call9617daX".lower()) == "call9617dax"
+
+
+async def test_identical_text_turns_match_in_conversation_order(model_dir: Path, start_proxy: Any) -> None:
+    # every answer is the same text: the n-th "OK." of the history must be the n-th turn that said it
+    fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "OK.")
+    proxy = await start_proxy(fake)
+    key = proxy.session()
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "S"}, {"role": "user", "content": "go"}]
+    for turn in range(6):
+        reply = await proxy.post(CHAT, {"model": "m", "messages": messages}, key=key, bearer=True)
+        assert reply.status == 200, reply.body
+        assert reply.json()["choices"][0]["message"]["content"] == "OK."
+        messages += [{"role": "assistant", "content": "OK."}, {"role": "user", "content": f"result {turn}"}]
+    recs = list(proxy.recorder.records)
+    assert len(recs) == 6
+    for prev, rec in itertools.pairwise(recs):
+        assert rec.splice.break_cause.value == "none", rec.splice
+        assert rec.splice.extends_call_id == prev.call_id
+        seq = prev.prompt_ids + prev.completion_ids
+        assert rec.prompt_ids[: len(seq)] == seq
+    for i, rec in enumerate(recs):
+        assert [s.source_call_id for s in rec.splice.reused] == [r.call_id for r in recs[:i]]
+    check_invariants(proxy, fake)
+    # a retry of the latest call and then the next call still pair each "OK." with its own turn
+    retry = await proxy.post(CHAT, {"model": "m", "messages": messages[:-2]}, key=key, bearer=True)
+    assert retry.status == 200
+    assert proxy.recorder.records[-1].splice.break_cause.value == "retry"
+    nxt = await proxy.post(CHAT, {"model": "m", "messages": messages}, key=key, bearer=True)
+    assert nxt.status == 200
+    last = proxy.recorder.records[-1]
+    assert last.splice.break_cause.value == "none"
+    assert [s.source_call_id for s in last.splice.reused] == [r.call_id for r in recs]
+
+
+async def test_resumed_renders_equal_full_ones(
+    qwen3_model_dir: Path, model_dir: Path, start_proxy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every prompt built by resuming the session's previous render equals the one built from scratch."""
+    full_render = Splicer._render
+    full_resume = _RenderMemo.resume
+    resumed = 0
+
+    def checked(self: Splicer, *args: Any) -> Any:
+        memo = self._memo
+        self._memo = None
+        scratch = full_render(self, *args)
+        self._memo = memo
+        out = full_render(self, *args)
+        assert out[0].ids == scratch[0].ids and out[0].packed == scratch[0].packed
+        assert out[1:] == scratch[1:]
+        return out
+
+    def counted(self: _RenderMemo, *args: Any) -> int | None:
+        nonlocal resumed
+        at = full_resume(self, *args)
+        resumed += at is not None
+        return at
+
+    monkeypatch.setattr(Splicer, "_render", checked)
+    monkeypatch.setattr(_RenderMemo, "resume", counted)
+    await test_openclaw_history_edits_still_extend(qwen3_model_dir, start_proxy)
+    await test_breaks_are_reported_with_their_cause(model_dir, start_proxy)
+    await test_identical_text_turns_match_in_conversation_order(model_dir, start_proxy)
+    assert resumed >= 8

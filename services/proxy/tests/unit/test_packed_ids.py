@@ -61,10 +61,18 @@ def test_event_bytes_parse_as_the_protobuf_event() -> None:
         ttfb_s=0.01,
         total_s=0.02,
         splice=SpliceReport(),
+        response_body=b'data: {"x":1}\n\n',
     )
     got = events_pb2.CallRecorded.FromString(event_bytes(data))
     want = events_pb2.CallRecorded(event_id=data.event_id, record=record_proto(data))
     assert got == want
+    assert got.record.response_body == data.response_body and got.record.request_json == data.request_json
+    data.response_body = b""  # an empty field is left out, as protobuf leaves it out
+    raw = event_bytes(data)
+    assert events_pb2.CallRecorded.FromString(raw) == events_pb2.CallRecorded(
+        event_id=data.event_id, record=record_proto(data)
+    )
+    assert len(raw) == events_pb2.CallRecorded(event_id=data.event_id, record=record_proto(data)).ByteSize()
     assert list(got.record.prompt_token_ids) == IDS and list(got.record.completion_token_ids) == [5, 6]
 
 

@@ -87,3 +87,26 @@ def test_capacity_evicts_ended_sessions_first() -> None:
     reg.close("a")
     _create(reg, rollout="c", request="3")
     assert len(reg) == 2
+
+
+def test_ended_sessions_are_forgotten_beyond_a_bound() -> None:
+    ended: list[str] = []
+    reg = SessionRegistry(3600, 100, clock=Clock(), max_ended=3)
+    reg.on_end.append(ended.append)
+    keys = {}
+    for i in range(6):
+        _, keys[i] = _create(reg, rollout=f"r{i}", request=f"q{i}")
+    for i in range(5):
+        reg.close(f"r{i}")
+    assert ended == [f"r{i}" for i in range(5)]
+    assert len(reg) == 4  # the open r5 and the three most recently closed
+    with pytest.raises(NotFound):
+        reg.get("r1")
+    with pytest.raises(Unauthenticated) as old:
+        reg.authenticate(keys[0])
+    assert old.value.reason == "UNKNOWN_KEY"
+    assert reg.close("r4").state is SessionState.CLOSED  # recent ones still answer
+    with pytest.raises(Unauthenticated) as recent:
+        reg.authenticate(keys[4])
+    assert recent.value.reason == "SESSION_NOT_OPEN"
+    assert reg.authenticate(keys[5]).rollout_id == "r5"

@@ -4,19 +4,19 @@ The event id (``Nats-Msg-Id``) is ``<rollout_id>/<call_id>/<attempt>``, so a
 re-publish is de-duplicated by JetStream and by the store. The proxy keeps no
 copy: once JetStream acknowledged it, the record's memory is released.
 
-The event is serialized here: the record without its prompt ids goes through
-protobuf, the prompt's packed encoding is appended as ``prompt_token_ids``
-(field 8), and the record is wrapped as ``CallRecorded.record`` (field 2) by
-hand, so the prompt is never converted id by id (a valid encoding: fields may
-come in any order).
+The event is serialized here: the record's small fields go through protobuf;
+the prompt's packed encoding (``prompt_token_ids``, field 8), the request body,
+the response bytes and the canonical conversation (fields 19, 21, 22) are
+appended as length-delimited fields, and the record is wrapped as
+``CallRecorded.record`` (field 2), by hand, in one join, so the prompt is never
+converted id by id and the large fields are copied once (a valid encoding:
+fields may come in any order). It is published as bytes
+(:meth:`EventBus.publish_bytes`).
 """
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 from google.protobuf import struct_pb2
-from google.protobuf.message import Message
 
 from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import events_pb2
@@ -64,7 +64,9 @@ def splice_proto(report: SpliceReport) -> common_pb2.SpliceReport:
     )
 
 
-def record_proto(data: CallRecordData, *, structs: bool = False, prompt: bool = True) -> common_pb2.CallRecord:
+def record_proto(
+    data: CallRecordData, *, structs: bool = False, prompt: bool = True, large: bool = True
+) -> common_pb2.CallRecord:
     """``CallRecord`` message of a domain record.
 
     Args:
@@ -72,6 +74,8 @@ def record_proto(data: CallRecordData, *, structs: bool = False, prompt: bool = 
         structs: Also fill the ``request`` and ``canonical_messages`` Structs
             (costly for large bodies: about 1 ms per 100 KB).
         prompt: Fill ``prompt_token_ids`` (:func:`event_bytes` appends them packed instead).
+        large: Fill ``request_json``, ``response_body`` and ``canonical_json`` (:func:`event_bytes`
+            appends them by hand instead).
     """
     import orjson
 
@@ -99,13 +103,14 @@ def record_proto(data: CallRecordData, *, structs: bool = False, prompt: bool = 
         finish_reason=_FINISH[data.finish],
         splice=splice_proto(data.splice),
         http_status=data.http_status,
-        request_json=data.request_json,
         request_headers=data.request_headers,
-        response_body=data.response_body,
-        canonical_json=data.canonical_json,
         model=data.model,
         stream=data.stream,
     )
+    if large:
+        rec.request_json = data.request_json
+        rec.response_body = data.response_body
+        rec.canonical_json = data.canonical_json
     if prompt:
         rec.prompt_token_ids.extend(data.prompt.ids)
     rec.receive_time.FromNanoseconds(int(data.receive_time * 1e9))
@@ -120,29 +125,38 @@ def record_proto(data: CallRecordData, *, structs: bool = False, prompt: bool = 
 
 
 _RECORD_PROMPT_TAG = varint(8 << 3 | 2)  # CallRecord.prompt_token_ids
+_RECORD_REQUEST_JSON_TAG = varint(19 << 3 | 2)  # CallRecord.request_json
+_RECORD_RESPONSE_BODY_TAG = varint(21 << 3 | 2)  # CallRecord.response_body
+_RECORD_CANONICAL_JSON_TAG = varint(22 << 3 | 2)  # CallRecord.canonical_json
 _EVENT_RECORD_TAG = varint(2 << 3 | 2)  # CallRecorded.record
 
 
 def event_bytes(data: CallRecordData, *, structs: bool = False) -> bytes:
-    """The serialized ``CallRecorded`` event of a record (equal, parsed, to one built by protobuf)."""
-    record = record_proto(data, structs=structs, prompt=False).SerializeToString()
-    packed = data.prompt.packed
-    if packed:
-        record += _RECORD_PROMPT_TAG + varint(len(packed)) + packed
-    head = events_pb2.CallRecorded(event_id=data.event_id).SerializeToString()
-    return head + _EVENT_RECORD_TAG + varint(len(record)) + record
+    """The serialized ``CallRecorded`` event of a record (equal, parsed, to one built by protobuf).
+
+    The large fields (the packed prompt ids, the request body, the canonical conversation and
+    the response bytes: hundreds of KB for a Claude Code call) are appended as length-delimited
+    fields by hand and the event is joined once, so each byte is copied once, not into the
+    message, out of it and again into the event.
+    """
+    small = record_proto(data, structs=structs, prompt=False, large=False).SerializeToString()
+    parts = [small]
+    size = len(small)
+    for tag, value in (
+        (_RECORD_PROMPT_TAG, data.prompt.packed),
+        (_RECORD_REQUEST_JSON_TAG, data.request_json),
+        (_RECORD_RESPONSE_BODY_TAG, data.response_body),
+        (_RECORD_CANONICAL_JSON_TAG, data.canonical_json),
+    ):
+        if value:  # proto3: empty fields are not written
+            head = tag + varint(len(value))
+            parts += (head, value)
+            size += len(head) + len(value)
+    event_head = events_pb2.CallRecorded(event_id=data.event_id).SerializeToString()
+    return b"".join([event_head, _EVENT_RECORD_TAG, varint(size), *parts])
 
 
-class _Serialized:
-    """A message already serialized, for :meth:`EventBus.publish` (which reads only these two attributes)."""
-
-    DESCRIPTOR = events_pb2.CallRecorded.DESCRIPTOR
-
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-
-    def SerializeToString(self, **_: Any) -> bytes:
-        return self._data
+_TYPE_NAME = events_pb2.CallRecorded.DESCRIPTOR.full_name
 
 
 class NatsRecorder:
@@ -159,5 +173,5 @@ class NatsRecorder:
 
     async def record(self, data: CallRecordData) -> None:
         """Publishes the record (de-duplicated per event id)."""
-        event = _Serialized(event_bytes(data, structs=self._structs))
-        await self._bus.publish(SUBJECT, cast(Message, event), event_id=data.event_id)
+        event = event_bytes(data, structs=self._structs)
+        await self._bus.publish_bytes(SUBJECT, event, type_name=_TYPE_NAME, event_id=data.event_id)

@@ -210,6 +210,7 @@ class CanonicalRequest:
         want_reasoning: Whether the harness asked for reasoning output
             (Anthropic ``thinking`` enabled, Responses ``reasoning`` present).
         parallel_tool_calls: Whether more than one tool call per turn is allowed.
+        logprobs: Chat Completions ``logprobs: true``: return the sampled tokens' logprobs.
         body: The request body as parsed (never modified).
     """
 
@@ -222,6 +223,7 @@ class CanonicalRequest:
     include_usage: bool = False
     want_reasoning: bool = False
     parallel_tool_calls: bool = True
+    logprobs: bool = False
     body: dict[str, Any] = field(default_factory=dict)
 
     def rendered_tools(self) -> list[Tool]:

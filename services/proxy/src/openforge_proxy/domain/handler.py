@@ -7,10 +7,12 @@ recorder are injected. Order of one call:
 1. key → session (401 when missing/unknown/closed/expired; the deadline is a limit);
 2. JSON → canonical request (400; unknown fields never refused) and model name check (404);
 3. the served model's runtime (503 while inference is unreachable);
-4. call identity: the same conversation again is another *attempt* of the
-   same call (harness retries, Claude Code's non-streaming fallback); limits
-   (turns, total tokens; 400, the status that stops each harness at once);
-5. prompt ids by token-exact splice (:mod:`.splice`) and the enforced sampling;
+4. prompt ids by token-exact splice (:mod:`.splice`);
+5. call identity: the same prompt again (the same conversation and tools,
+   whatever else the harness changed) is another *attempt* of the same call
+   (harness retries, Claude Code's non-streaming fallback); limits (turns,
+   total tokens; 400, the status that stops each harness at once); the
+   enforced sampling;
 6. ``Generate``; nothing is sent before the engine's first tokens arrive, so
    an unreachable engine is still a proper 503 in the caller's error shape;
 7. deltas stream out as tokens arrive; tool calls leave only once generation
@@ -326,23 +328,26 @@ class CallHandler:
                 f"model {request.model!r} is not served in this session (use {session.model_name!r})",
             )
         tools = state.splicer.tools_key(request.tools)
-        digest = hashlib.blake2b(digest_size=16)
-        digest.update(tools[0].encode())
-        digest.update(orjson.dumps([m.template_dict() for m in request.messages]))
+        try:
+            plan = state.splicer.build(request.messages, request.tools, tools_of=tools)
+        except Exception as exc:  # the template refused the conversation
+            raise ApiError(ErrorKind.INVALID_REQUEST, f"the conversation cannot be rendered: {exc}") from exc
+        # The call's identity is the prompt the engine would see (and the tools): the same
+        # conversation sent again renders to the same ids, whatever the harness changed that
+        # the model does not see. Hashing the packed ids (~2 bytes a token) is cheaper than
+        # serializing the conversation again.
+        digest = hashlib.blake2b(tools[0].encode(), digest_size=16)
+        digest.update(plan.prompt.packed)
         call_key = digest.hexdigest()
         known = state.calls.get(call_key)
         limits = session.limits
         if known is None:
             if limits.max_turns and session.calls >= limits.max_turns:
                 raise ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {limits.max_turns} turns")
+        else:
+            plan.report.retry(known.call_id)
         if limits.max_total_tokens and session.total_tokens >= limits.max_total_tokens:
             raise ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {limits.max_total_tokens} tokens")
-        try:
-            plan = state.splicer.build(
-                request.messages, request.tools, retry_of=known.call_id if known else "", tools_of=tools
-            )
-        except Exception as exc:  # the template refused the conversation
-            raise ApiError(ErrorKind.INVALID_REQUEST, f"the conversation cannot be rendered: {exc}") from exc
         sampling = self._sampling(session, request, runtime, len(plan.prompt))
         if known is None:
             state.counter += 1
@@ -578,6 +583,8 @@ class _Generation:
         self._decoder = rt.codec.decoder()
         self._parser = rt.family.parser(rt.generation_prompt)
         self.out = AssistantOutput()
+        if p.request.logprobs:
+            self.out.token_logprobs = []
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
@@ -590,13 +597,16 @@ class _Generation:
         self.logprobs.extend(delta.logprobs)
         self.versions.extend(delta.policy_versions)
         data = b""
-        for tid in delta.token_ids:
+        logprobs = self.out.token_logprobs
+        for i, tid in enumerate(delta.token_ids):
             if self._stopped:
                 continue
             if tid in self._eos:
                 self._stopped = True
                 continue
             text = self._decoder.step(tid)
+            if logprobs is not None:
+                logprobs.append((text, delta.logprobs[i] if i < len(delta.logprobs) else None))
             if self._parser.in_reasoning:
                 self.reasoning_tokens += 1
             if text:

@@ -12,6 +12,7 @@ import enum
 import hashlib
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 from openforge_core.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, Unauthenticated
 
 KEY_PREFIX = "ofk-"
+#: Closed or expired sessions kept by default (:class:`SessionRegistry`).
+DEFAULT_MAX_ENDED = 256
 
 
 class SessionState(enum.Enum):
@@ -94,14 +97,22 @@ class SessionRegistry:
         default_ttl_s: Key lifetime when the request gives none, seconds.
         max_sessions: Most sessions kept; closed and expired ones are evicted first.
         clock: Returns the current Unix time in seconds (injectable for tests).
+        max_ended: Most closed or expired sessions kept (the most recently ended), so that
+            ``GetSession``/``CloseSession`` still answer for them and their key gets "session
+            is closed" rather than "unknown key". Older ones are forgotten (``NotFound``,
+            unknown key), so memory does not grow with the number of rollouts served.
     """
 
-    def __init__(self, default_ttl_s: float, max_sessions: int, clock: Any = time.time) -> None:
+    def __init__(
+        self, default_ttl_s: float, max_sessions: int, clock: Any = time.time, *, max_ended: int = DEFAULT_MAX_ENDED
+    ) -> None:
         self._ttl = default_ttl_s
         self._max = max_sessions
         self._clock = clock
+        self._max_ended = max_ended
         self._by_rollout: dict[str, _Entry] = {}
         self._by_digest: dict[str, _Entry] = {}
+        self._ended_order: OrderedDict[str, None] = OrderedDict()
         #: Called with the rollout id when a session closes, expires or is dropped.
         self.on_end: list[Callable[[str], None]] = []
 
@@ -252,11 +263,21 @@ class SessionRegistry:
     def _ended(self, rollout_id: str) -> None:
         for callback in self.on_end:
             callback(rollout_id)
+        ended = self._ended_order
+        ended[rollout_id] = None
+        ended.move_to_end(rollout_id)
+        while len(ended) > self._max_ended:
+            old, _ = ended.popitem(last=False)
+            entry = self._by_rollout.get(old)
+            if entry is not None and entry.session.state is not SessionState.OPEN:
+                self._by_rollout.pop(old, None)
+                self._by_digest.pop(entry.key_digest, None)
 
     def _drop(self, entry: _Entry) -> None:
         self._by_rollout.pop(entry.session.rollout_id, None)
         self._by_digest.pop(entry.key_digest, None)
         self._ended(entry.session.rollout_id)
+        self._ended_order.pop(entry.session.rollout_id, None)
 
     def _evict(self) -> None:
         for entry in list(self._by_rollout.values()):

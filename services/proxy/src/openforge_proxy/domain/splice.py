@@ -11,7 +11,12 @@ ids as follows.
    emitted), then by a fingerprint of what the turn says (text stripped, tool
    names and arguments compared as parsed JSON with sorted keys, so
    re-serialized argument JSON still matches; reasoning is left out, since
-   harnesses may drop it).
+   harnesses may drop it). Identical turns (a model answering "OK." twice)
+   are told apart by order: each generated turn remembers the generated turn
+   before it in the model's view (its *parent*), and an assistant message
+   matches, among the turns saying the same, the latest one whose parent is
+   the turn the request's previous assistant message matched, so the n-th
+   "OK." of a conversation is the n-th turn that said it.
 2. **Keep the model's view.** The latest matched turn is the *anchor*. The
    proxy remembers, per generated turn, the conversation the model saw when
    it produced it (the *head*). When the request's messages before the anchor
@@ -106,6 +111,11 @@ class SpliceReport:
     notes: list[str] = field(default_factory=list)
     extends_call_id: str = ""
 
+    def retry(self, call_id: str) -> None:
+        """Marks the prompt as a repeat of call ``call_id`` (cause RETRY)."""
+        self.break_cause = BreakCause.RETRY
+        self.break_detail = f"repeats call {call_id}"
+
 
 def norm_ref(ref: str) -> str:
     """A reference compared loosely: lower case, alphanumerics only."""
@@ -152,6 +162,7 @@ class GeneratedTurn:
         ends_turn: The sampled ids end with an end-of-turn token.
         fingerprint: :func:`fingerprint` of its parsed output.
         message: Its canonical form (as the harness should send it back).
+        parent: The generated turn before it in the conversation the model saw, or None.
     """
 
     turn_id: str
@@ -161,6 +172,7 @@ class GeneratedTurn:
     ends_turn: bool
     fingerprint: str
     message: Message
+    parent: str | None = None
 
 
 @dataclass
@@ -218,6 +230,69 @@ class PromptPlan:
         return self.prompt.tolist()
 
 
+@dataclass(frozen=True)
+class _Mark:
+    """A point of a rendered prompt right after a reused span (or its start), where building may resume.
+
+    Attributes:
+        pos: Offset in the rendered text.
+        ids: Prompt ids before it.
+        packed: Bytes of their packed encoding.
+        reused: Reused spans before it.
+        rendered: Rendered spans before it.
+        digest: Chained hash of the text before it, segment by segment from the previous mark
+            (``hash((previous digest, segment))``; 0 at the start).
+    """
+
+    pos: int
+    ids: int
+    packed: int
+    reused: int
+    rendered: int
+    digest: int
+
+
+@dataclass
+class _RenderMemo:
+    """The previous render of a session: the turns it spliced and where building may resume.
+
+    Everything before a mark is a function of the text before it and the turns spliced
+    there: text segments are encoded in chunks cut before message-start tokens, and a
+    mark sits right after a splice, where a segment (so a chunk) begins. A new render
+    whose text equals this one up to a mark, splicing the same turns there, therefore has
+    exactly the same ids, packed bytes and spans up to that mark; only the rest is
+    encoded. Equality is checked on the text itself (by the chained hash of its segments,
+    one pass over the new text, so the old text need not be kept), so it holds whatever
+    the template does to earlier messages: when it renders them differently, the texts
+    differ and building resumes earlier, or starts over.
+    """
+
+    turns: list[str]
+    marks: list[_Mark]
+    prompt: PackedIds
+    reused: list[Span]
+    rendered: list[Span]
+
+    def resume(self, text: str, turns: list[str]) -> int | None:
+        """The index of the last mark up to which ``text`` (splicing ``turns``) equals this render.
+
+        None when only the start does.
+        """
+        marks = self.marks
+        best = 0
+        digest = 0
+        for i in range(1, len(marks)):
+            prev, m = marks[i - 1], marks[i]
+            k = m.reused - 1  # the turn spliced right before this mark
+            if m.pos > len(text) or k >= len(turns) or turns[k] != self.turns[k]:
+                break
+            digest = hash((digest, text[prev.pos : m.pos]))
+            if digest != m.digest:
+                break
+            best = i
+        return best or None
+
+
 def _same(a: Message, b: Message) -> bool:
     return a is b or a.template_dict() == b.template_dict()
 
@@ -264,7 +339,9 @@ class Splicer:
         self.turns: dict[str, GeneratedTurn] = {}
         self._refs: dict[str, str] = {}
         self._fps: dict[str, list[str]] = {}
+        self._after: dict[tuple[str | None, str], list[str]] = {}  # (parent, fingerprint) -> turns
         self.heads: OrderedDict[str, Head] = OrderedDict()
+        self._memo: _RenderMemo | None = None
 
     # --- matching -----------------------------------------------------------
 
@@ -272,14 +349,29 @@ class Splicer:
         """The generated turn an echoed identifier belongs to."""
         return self._refs.get(norm_ref(ref)) if ref else None
 
-    def match(self, msg: Message, used: set[str]) -> str | None:
-        """The generated turn an assistant message is, or None."""
+    def match(self, msg: Message, used: set[str], previous: str | None = None) -> str | None:
+        """The generated turn an assistant message is, or None.
+
+        Args:
+            msg: An assistant message of the request.
+            used: Turns matched to earlier messages of the request (never matched twice).
+            previous: The turn the request's previous assistant message matched (None when
+                it matched none or this is the first one).
+
+        Returns:
+            The turn whose echoed identifier the message carries; else, among the unused
+            turns saying the same, the latest one following ``previous`` in the model's
+            view; else the latest one saying the same; else None.
+        """
         fp = message_fingerprint(msg)
         for ref in msg.refs:
             turn = self.turn_of_ref(ref)
             if turn is not None and self.turns[turn].fingerprint == fp:
                 return turn
-        for turn in reversed(self._fps.get(fp, [])):
+        for turn in reversed(self._after.get((previous, fp), ())):
+            if turn not in used:
+                return turn
+        for turn in reversed(self._fps.get(fp, ())):
             if turn not in used:
                 return turn
         return None
@@ -322,8 +414,12 @@ class Splicer:
         tools_key, tool_dicts = tools_of if tools_of is not None else self.tools_key(tools)
         used: set[str] = set()
         matched: list[str | None] = []
+        previous: str | None = None
         for msg in messages:
-            turn = self.match(msg, used) if msg.role == "assistant" else None
+            turn = None
+            if msg.role == "assistant":
+                turn = self.match(msg, used, previous)
+                previous = turn
             if turn is not None:
                 used.add(turn)
             matched.append(turn)
@@ -345,8 +441,7 @@ class Splicer:
                     "although the conversation extends it"
                 )
         if retry_of:
-            report.break_cause = BreakCause.RETRY
-            report.break_detail = f"repeats call {retry_of}"
+            report.retry(retry_of)
         return PromptPlan(prompt, self._prefill_ids, view, turns, tools_key, report, cached, kept)
 
     def _reconcile(
@@ -416,10 +511,22 @@ class Splicer:
         text = self._tpl.render(dicts, tool_dicts, add_generation_prompt=True, **self._kwargs)
         header = self._fam.assistant_header
         eot = self._fam.end_of_turn
+        order_ids = [g.turn_id for g in order]
         ids = IdsBuilder()
         reused: list[Span] = []
         rendered: list[Span] = []
+        marks: list[_Mark] = [_Mark(0, 0, 0, 0, 0, 0)]
         pos = 0
+        first = 0
+        memo = self._memo
+        at_mark = memo.resume(text, order_ids) if memo is not None else None
+        if memo is not None and at_mark is not None:
+            mark = memo.marks[at_mark]
+            ids.add(memo.prompt.ids[: mark.ids], memo.prompt.packed[: mark.packed])
+            reused = memo.reused[: mark.reused]
+            rendered = memo.rendered[: mark.rendered]
+            marks = memo.marks[: at_mark + 1]
+            pos, first = mark.pos, mark.reused
 
         def emit_text(chunk: str) -> None:
             if not chunk:
@@ -429,7 +536,8 @@ class Splicer:
             if len(ids) > start:
                 rendered.append(Span(start, len(ids)))
 
-        for k, gen in enumerate(order):
+        for k in range(first, len(order)):
+            gen = order[k]
             sentinel = _SENTINEL.format(k)
             at = text.find(sentinel, pos)
             h = text.rfind(header, pos, at) if at >= 0 else -1
@@ -443,7 +551,9 @@ class Splicer:
             s = len(ids)
             ids.add(gen.ids, gen.packed)
             reused.append(Span(s, len(ids), gen.call_id))
+            digest = hash((marks[-1].digest, text[marks[-1].pos : end]))
             pos = end
+            marks.append(_Mark(pos, len(ids), ids.packed_len, len(reused), len(rendered), digest))
         tail = text[pos:]
         if self._prefill and tail.endswith(self._prefill):
             emit_text(tail[: len(tail) - len(self._prefill)])
@@ -452,7 +562,9 @@ class Splicer:
             rendered.append(Span(start, len(ids)))
         else:
             emit_text(tail)
-        return ids.build(), reused, rendered
+        prompt = ids.build()
+        self._memo = _RenderMemo(order_ids, marks, prompt, reused, rendered)
+        return prompt, list(reused), list(rendered)
 
     # --- committing ---------------------------------------------------------
 
@@ -498,11 +610,13 @@ class Splicer:
             ends_turn=bool(sampled) and sampled[-1] in self._eot,
             fingerprint=fp,
             message=msg,
+            parent=next((t for t in reversed(plan.turns) if t is not None), None),
         )
         self.turns[turn_id] = gen
         for ref in output.refs():
             self._refs[norm_ref(ref)] = turn_id
         self._fps.setdefault(fp, []).append(turn_id)
+        self._after.setdefault((gen.parent, fp), []).append(turn_id)
         tokens = plan.prompt.ids + array("i", sampled)
         self.heads[turn_id] = Head(
             turn_id=turn_id,
@@ -514,6 +628,11 @@ class Splicer:
             packed=plan.prompt.packed + sampled_packed,
             kept=plan.kept,
         )
+        memo = self._memo
+        if memo is not None and memo.prompt is plan.prompt:
+            # the head's ids start with the prompt: keep one copy (marks never reach past the prompt)
+            head = self.heads[turn_id]
+            memo.prompt = PackedIds(head.tokens, head.packed)
         while len(self.heads) > self._max_heads:
             self.heads.popitem(last=False)
         return gen

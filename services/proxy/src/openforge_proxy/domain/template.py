@@ -62,6 +62,30 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+#: Attributes of plain dicts (methods); any other ``obj.name`` on a plain dict is an item lookup.
+_DICT_ATTRS = frozenset(dir(dict))
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """``ImmutableSandboxedEnvironment`` with a fast path for ``message.role`` on plain dicts.
+
+    The sandbox resolves ``obj.name`` by trying the attribute first and, on
+    ``AttributeError``, the item. For a plain ``dict`` and a name that is not an
+    attribute of ``dict`` that attempt always fails, so the result is always the item (or
+    undefined): returning it directly is the same value without raising and catching an
+    exception per lookup (a template reads several per message, every call). Everything
+    else goes through the sandbox unchanged.
+    """
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRS:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+
 class ChatTemplate:
     """A compiled chat template.
 
@@ -74,9 +98,7 @@ class ChatTemplate:
     """
 
     def __init__(self, source: str, special_tokens: Mapping[str, str] | None = None) -> None:
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
-        )
+        env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
         env.filters["tojson"] = self._tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now

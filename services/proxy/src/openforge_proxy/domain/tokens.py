@@ -74,15 +74,17 @@ class PackedIds:
 class IdsBuilder:
     """Concatenates id runs and their packed encodings."""
 
-    __slots__ = ("ids", "parts")
+    __slots__ = ("ids", "packed_len", "parts")
 
     def __init__(self) -> None:
         self.ids: array[int] = array("i")
         self.parts: list[bytes] = []
+        self.packed_len = 0
 
     def add(self, ids: array[int], packed: bytes) -> None:
         self.ids.extend(ids)
         self.parts.append(packed)
+        self.packed_len += len(packed)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -288,10 +290,13 @@ class TokenizerCodec:
             got = [g if g is not None else fresh[c][1:] for c, g in zip(chunks, got, strict=True)]
         add_ids = out.ids.extend
         add_packed = out.parts.append
+        n = 0
         for g in got:
             assert g is not None
             add_ids(g[0])
             add_packed(g[1])
+            n += len(g[1])
+        out.packed_len += n
 
     def decode(self, ids: list[int]) -> str:
         """Text of ``ids`` with special tokens kept."""

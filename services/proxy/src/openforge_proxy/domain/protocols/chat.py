@@ -8,6 +8,11 @@ the spaces) and ids rewritten (OpenClaw strips ``_``), ``reasoning_content``
 replayed, ``max_completion_tokens`` (or ``max_tokens``), ``stream_options``;
 unknown fields (``provider_specific_fields``...) accepted and recorded.
 
+With ``logprobs: true`` each choice carries ``logprobs.content``: one entry per
+sampled token (reasoning and tool-call tokens included, the end-of-turn token
+not), with the logprob the engine reported; in a stream, each chunk carries the
+tokens sampled since the previous chunk.
+
 Stream: a role chunk (``{"role": "assistant", "content": ""}``), content
 deltas, ``reasoning_content`` deltas, ``tool_calls`` deltas (``index``, ``id``,
 ``type``, ``function.name`` with empty arguments, then argument fragments), a
@@ -165,6 +170,7 @@ def parse(body: dict[str, Any]) -> CanonicalRequest:
         include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
         want_reasoning=True,
         parallel_tool_calls=body.get("parallel_tool_calls") is not False,
+        logprobs=body.get("logprobs") is True,
         body=body,
     )
 
@@ -198,6 +204,22 @@ def _finish_reason(out: AssistantOutput) -> str:
     return _FINISH[out.finish]
 
 
+def logprobs_json(entries: list[tuple[str, float | None]] | None) -> dict[str, Any] | None:
+    """A choice's ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}], "refusal": None}``.
+
+    The engine reports the sampled token's logprob only, so ``top_logprobs`` is always ``[]``
+    (also when the request asked for ``top_logprobs``). None when logprobs were not asked for.
+    """
+    if entries is None:
+        return None
+    return {
+        "content": [
+            {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []} for text, lp in entries
+        ],
+        "refusal": None,
+    }
+
+
 def _call(tc: Any) -> dict[str, Any]:
     if tc.kind is ToolKind.CUSTOM:
         return {"id": tc.id, "type": "custom", "custom": {"name": tc.name, "input": tc.arguments_json}}
@@ -217,7 +239,14 @@ def response_body(out: AssistantOutput, usage: Usage, model: str) -> dict[str, A
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(out)}],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": logprobs_json(out.token_logprobs),
+                "finish_reason": _finish_reason(out),
+            }
+        ],
         "usage": _usage(usage),
         "system_fingerprint": FINGERPRINT,
     }
@@ -238,8 +267,14 @@ class StreamEncoder:
         self._model = model
         self._include_usage = include_usage
         self._created = int(time.time())
+        self._sent_logprobs = 0
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        logprobs = None
+        entries = self._out.token_logprobs
+        if entries is not None:  # the tokens sampled since the previous chunk
+            logprobs = logprobs_json(entries[self._sent_logprobs :])
+            self._sent_logprobs = len(entries)
         return sse(
             None,
             {
@@ -248,7 +283,7 @@ class StreamEncoder:
                 "created": self._created,
                 "model": self._model,
                 "system_fingerprint": FINGERPRINT,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
             },
         )
 

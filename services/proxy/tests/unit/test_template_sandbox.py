@@ -1,0 +1,65 @@
+"""The template's sandbox fast path (``message.role`` on plain dicts) changes no rendering and no restriction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import pytest
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from openforge_proxy.domain import template as tpl
+from openforge_testing.fakes import TEMPLATES
+
+TOOLS = [{"type": "function", "function": {"name": "Bash", "description": "Run", "parameters": {"type": "object"}}}]
+
+
+def _plain(source: str) -> tpl.ChatTemplate:
+    """The same template compiled in jinja2's own ImmutableSandboxedEnvironment (the reference)."""
+    t = tpl.ChatTemplate(source)
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[tpl._GenerationTag, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = t._tojson
+    env.globals["raise_exception"] = tpl._raise_exception
+    env.globals["strftime_now"] = tpl._strftime_now
+    t._template = env.from_string(source)
+    return t
+
+
+def _conversation() -> list[dict[str, Any]]:
+    call = {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": {"command": "ls"}}}
+    return [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": "", "reasoning_content": "think", "tool_calls": [call]},
+        {"role": "tool", "content": "ok", "tool_call_id": "c1", "name": "Bash"},
+        {"role": "assistant", "content": "done", "reasoning_content": None},
+        {"role": "user", "content": "next", "items": "an item named like a dict method"},
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_renders_equal_the_reference_sandbox(name: str) -> None:
+    source = TEMPLATES[name]
+    for tools in (None, TOOLS):
+        for gen in (True, False):
+            fast = tpl.ChatTemplate(source).render(_conversation(), tools, add_generation_prompt=gen)
+            ref = _plain(source).render(_conversation(), tools, add_generation_prompt=gen)
+            assert fast == ref
+
+
+def test_restrictions_and_dict_methods_are_unchanged() -> None:
+    probes = [
+        "{{ messages[0].items is defined }}",  # a dict method, not the item
+        "{{ messages[0].missing is defined }}",
+        "{{ messages[0].role }}|{{ messages[0]['role'] }}",
+        "{{ messages[0].__class__ is defined }}",
+    ]
+    for probe in probes:
+        got = tpl.ChatTemplate(probe).render([{"role": "user", "content": "x"}])
+        want = _plain(probe).render([{"role": "user", "content": "x"}])
+        assert got == want
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        tpl.ChatTemplate("{{ messages[0].clear() }}").render([{"role": "user", "content": "x"}])
