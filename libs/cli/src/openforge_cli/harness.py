@@ -105,6 +105,9 @@ def _install_pypi(pin: Pin, source: Path, dest: Path) -> dict[str, object]:
                 requirements,
             ]
         )
+    # Bytecode now: sandboxes see the install read-only, and neither uv nor pip (under
+    # PYTHONDONTWRITEBYTECODE) writes it, so every rollout would compile litellm from source.
+    _run([str(python), "-m", "compileall", "-q", "-j", "0", str(venv / "lib")])
     base = os.path.realpath(sys.base_prefix)
     return {"executable": str(venv / "bin" / pin.command), "path": [str(venv / "bin")], "roots": [str(dest), base]}
 

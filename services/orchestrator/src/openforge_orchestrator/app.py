@@ -24,7 +24,16 @@ from openforge_orchestrator.settings import OrchestratorSettings
 
 def backend_from_settings(settings: OrchestratorSettings) -> SandboxBackend:
     """The sandbox backend ``settings.sandbox.backend`` names, configured."""
+    if settings.sandbox.backend == "kubernetes":
+        return build_backend("kubernetes", settings.sandbox.kubernetes)
     return build_backend(settings.sandbox.backend, settings.sandbox.local, settings.harness.proxy_http)
+
+
+def launches_from_settings(settings: OrchestratorSettings) -> LaunchFactory:
+    """Harness launches: from local installs, or (Kubernetes) from the harness images."""
+    if settings.sandbox.backend == "kubernetes":
+        return LaunchFactory(None, settings.harness.command, dict(settings.sandbox.kubernetes.harness_images))
+    return LaunchFactory(Path(settings.harness.install_dir), settings.harness.command)
 
 
 class OrchestratorApp:
@@ -39,7 +48,7 @@ class OrchestratorApp:
         self.backend = backend_from_settings(settings)
         self.sessions = ProxySessions(settings.services.proxy)
         self.policy = InferencePolicy(settings.services.inference)
-        launches = LaunchFactory(Path(settings.harness.install_dir), settings.harness.command)
+        launches = launches_from_settings(settings)
         s = settings.scheduler
         self.executor = RolloutExecutor(
             self.rollouts,

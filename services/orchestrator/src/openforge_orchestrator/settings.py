@@ -76,17 +76,84 @@ class LocalSandboxSettings(_Section):
     extra_ro_binds: tuple[str, ...] = ()
 
 
+#: Harness images per harness name, as ``deploy/harness/<name>/Dockerfile`` builds them.
+DEFAULT_HARNESS_IMAGES: dict[str, str] = {
+    "claude-code": "openforge/harness-claude-code:2.1.332",
+    "codex": "openforge/harness-codex:0.171.0",
+    "mini-swe-agent": "openforge/harness-mini-swe-agent:2.4.6",
+    "openclaw": "openforge/harness-openclaw:2026.9.6",
+}
+
+
+class KubernetesSandboxSettings(_Section):
+    """The ``kubernetes`` backend: one Job per rollout (``OPENFORGE_SANDBOX__KUBERNETES__*``).
+
+    Attributes:
+        namespace: Namespace of the rollout Jobs (``deploy/k8s/base/rollouts``).
+        in_cluster: Use the pod's service account (running in the cluster); otherwise a kubeconfig.
+        kubeconfig: Kubeconfig file when not in the cluster; empty = ``$KUBECONFIG`` or
+            ``~/.kube/config``.
+        context: Kubeconfig context; empty = the current one.
+        proxy_url: The proxy's harness-facing HTTP base URL as a rollout pod reaches it (no ``/v1``).
+        proxy_namespace: Namespace of the proxy's pods (the NetworkPolicy's only egress target).
+        proxy_pod_labels: Labels of the proxy's pods.
+        dns_namespace: Namespace of the cluster DNS pods (egress on port 53 is allowed to them).
+        dns_pod_labels: Labels of the cluster DNS pods.
+        harness_images: Harness name → image (``deploy/harness/*``); its install is copied from
+            ``harness_root`` into the task container.
+        harness_root: Folder of the harness install in every harness image.
+        task_image: Image of a task that names no ``docker_image``: a template with ``{task_set}``
+            and ``{task_id}`` (lower-cased), the image built from the task's ``environment/``.
+        image_pull_policy: ``IfNotPresent``, ``Always`` or ``Never``.
+        service_account: Service account of rollout pods (no API token is mounted).
+        run_as_user: UID (and GID) every rollout container runs as.
+        memory_mb: Memory limit when the task sets none, MiB.
+        cpus: CPU limit when the task sets none.
+        start_grace_s: Seconds a Job may take beyond the harness and verifier limits (scheduling,
+            image pulls) before Kubernetes stops it (``activeDeadlineSeconds``).
+        ttl_after_finished_s: Seconds a finished Job is kept if the orchestrator could not delete it.
+        watch_timeout_s: Length of one watch request before it is renewed, seconds.
+        log_tail_lines: Lines of the harness and verifier logs kept on the result.
+        api_threads: Threads (and pooled connections) for API calls; each running rollout holds
+            one while it watches its Job, so keep it above ``scheduler.max_concurrent``.
+    """
+
+    namespace: str = "openforge-rollouts"
+    in_cluster: bool = False
+    kubeconfig: str = ""
+    context: str = ""
+    proxy_url: str = "http://proxy.openforge.svc.cluster.local:8080"
+    proxy_namespace: str = "openforge"
+    proxy_pod_labels: dict[str, str] = Field(default_factory=lambda: {"app.kubernetes.io/name": "proxy"})
+    dns_namespace: str = "kube-system"
+    dns_pod_labels: dict[str, str] = Field(default_factory=lambda: {"k8s-app": "kube-dns"})
+    harness_images: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_HARNESS_IMAGES))
+    harness_root: str = "/usr/local/harness"
+    task_image: str = "openforge/task-{task_set}-{task_id}:latest"
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+    service_account: str = "rollout"
+    run_as_user: int = Field(default=10001, gt=0)
+    memory_mb: int = Field(default=2048, gt=0)
+    cpus: float = Field(default=1.0, gt=0)
+    start_grace_s: int = Field(default=300, ge=0)
+    ttl_after_finished_s: int = Field(default=600, ge=0)
+    watch_timeout_s: int = Field(default=60, gt=0)
+    log_tail_lines: int = Field(default=200, gt=0)
+    api_threads: int = Field(default=128, ge=2)
+
+
 class SandboxSettings(_Section):
     """Which sandbox backend runs rollouts (``OPENFORGE_SANDBOX__*``).
 
     Attributes:
-        backend: ``local`` (bubblewrap on this machine); the ``kubernetes`` backend (one Job per
-            rollout) is not built yet.
+        backend: ``local`` (bubblewrap on this machine) or ``kubernetes`` (one Job per rollout).
         local: The local backend.
+        kubernetes: The Kubernetes backend.
     """
 
-    backend: Literal["local"] = "local"
+    backend: Literal["local", "kubernetes"] = "local"
     local: LocalSandboxSettings = LocalSandboxSettings()
+    kubernetes: KubernetesSandboxSettings = KubernetesSandboxSettings()
 
 
 class HarnessSettings(_Section):

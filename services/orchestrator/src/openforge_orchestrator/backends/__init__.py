@@ -12,6 +12,7 @@ from openforge_orchestrator.domain.sandbox import SandboxBackend
 
 BACKENDS: dict[str, str] = {
     "local": "openforge_orchestrator.backends.local:LocalBackend",
+    "kubernetes": "openforge_orchestrator.backends.kubernetes:KubernetesBackend",
 }
 
 

@@ -218,6 +218,7 @@ class RolloutExecutor:
                     agent_timeout_s=timeout_s,
                     verifier_timeout_s=task.verifier_timeout_s,
                     on_harness_exit=close_session,
+                    api_key=key,
                 )
             )
         finally:

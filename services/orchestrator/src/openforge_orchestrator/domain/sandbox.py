@@ -6,8 +6,8 @@ filesystem with the task's workspace, network isolation with the proxy as the on
 resource limits, the timeout kill, the verifier run (also after a timeout), and removing
 everything afterwards. Cancelling the coroutine stops the sandbox and cleans up.
 
-Backends: ``local`` (bubblewrap, :mod:`openforge_orchestrator.backends.local`); a
-``kubernetes`` backend (one Job per rollout) would implement the same interface.
+Backends: ``local`` (bubblewrap, :mod:`openforge_orchestrator.backends.local`) and
+``kubernetes`` (one Job per rollout, :mod:`openforge_orchestrator.backends.kubernetes`).
 """
 
 from __future__ import annotations
@@ -78,6 +78,8 @@ class ExecutionPlan:
         run_verifier: Whether to run ``tests/test.sh`` after the harness.
         on_harness_exit: Awaited once the harness ended (before the verifier), e.g. to close
             the proxy session so its call count is final.
+        api_key: The rollout's proxy key (also inside ``launch``): a backend that stores the
+            launch outside its own process keeps every value holding it as a secret.
     """
 
     rollout_id: str
@@ -88,6 +90,7 @@ class ExecutionPlan:
     with_proxy: bool = True
     run_verifier: bool = True
     on_harness_exit: Callable[[], Awaitable[None]] | None = None
+    api_key: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,574 @@
+"""The kubernetes backend against a fake Kubernetes API server (kmock), through the official client.
+
+There is no API server on these machines. ``FakeApiServer`` is kmock's in-memory Kubernetes
+emulator (a real HTTP server speaking the Kubernetes REST and watch protocol) plus what a real
+API server adds on create (``uid``, ``creationTimestamp``). The Job controller and the kubelet are
+faked by :class:`FakeJobController`: once the backend resumes the Job, it creates the Job's pod
+with the container statuses a kubelet would report (the verifier's termination message) and
+then sets the Job's ``Complete`` or ``Failed`` condition, which the backend sees on its watch.
+
+Every object the backend creates is validated strictly (unknown fields are errors) against the
+Kubernetes version ``tests/deploy`` pins (``tools.deploy.k8s_check.KUBERNETES_VERSION``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import json
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kmock
+import kubernetes_validate.utils as kv  # type: ignore[import-untyped]
+import pytest
+from kubernetes import client as k8s_client
+
+from openforge_orchestrator.app import backend_from_settings, launches_from_settings
+from openforge_orchestrator.backends.kubernetes import (
+    HARNESS_CONTAINER,
+    ROLLOUT_LABEL,
+    VERIFIER_CONTAINER,
+    KubernetesBackend,
+    PodReport,
+    job_name,
+)
+from openforge_orchestrator.backends.local import LocalBackend
+from openforge_orchestrator.domain.rollouts import Rollout, RolloutStatus
+from openforge_orchestrator.domain.sandbox import ExecutionPlan, HarnessLaunch, SandboxStartError
+from openforge_orchestrator.domain.tasks import Task, TaskCatalog
+from openforge_orchestrator.harnesses import LaunchContext, adapter
+from openforge_orchestrator.settings import (
+    KubernetesSandboxSettings,
+    LocalSandboxSettings,
+    OrchestratorSettings,
+    SandboxSettings,
+)
+
+ROOT = Path(__file__).resolve().parents[4]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from tools.deploy.k8s_check import KUBERNETES_VERSION  # noqa: E402
+
+CATALOG = TaskCatalog(ROOT / "examples" / "tasks")
+NS = "openforge-rollouts"
+KEY = "ofk-test-rollout-key-0123456789"
+JOBS = "/apis/batch/v1/namespaces/openforge-rollouts/jobs"
+
+
+class FakeApiServer(kmock.KubernetesEmulator):
+    """A fake Kubernetes API server: kmock's emulator, plus a uid and creation time on create."""
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", _now())
+        return await super()._handle(request)
+
+
+def _now(offset_s: float = 0.0) -> str:
+    t = datetime.datetime.now(tz=datetime.UTC) + datetime.timedelta(seconds=offset_s)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _message(harness: str, verifier: int, reward_txt: str | None) -> str:
+    lines = [f"harness {harness}", f"verifier {verifier}"]
+    if reward_txt is not None:
+        lines.append(f"reward.txt {base64.b64encode(reward_txt.encode()).decode()}")
+    return "\n".join(lines) + "\n"
+
+
+class FakeJobController:
+    """Fakes the Job controller and kubelet: pod with statuses, then the Job's final condition.
+
+    Args:
+        server: The fake API server.
+        outcome: ``"Complete"``, ``"Failed"`` or ``""`` (the Job never finishes).
+        message: The verifier's termination message (None: the verifier never ran).
+        waiting: A waiting reason of the harness container (e.g. ``ImagePullBackOff``).
+    """
+
+    def __init__(self, server: Any, outcome: str, message: str | None, waiting: str = "") -> None:
+        self.server = server
+        self.outcome = outcome
+        self.message = message
+        self.waiting = waiting
+        self.resumed = asyncio.Event()
+
+    async def run(self) -> None:
+        async with aiohttp.ClientSession(base_url=str(self.server.url)) as http:
+            job = await self._wait_resumed(http)
+            self.resumed.set()
+            name = job["metadata"]["name"]
+            pod = self._pod(job)
+            async with http.post(f"/api/v1/namespaces/{NS}/pods", json=pod) as resp:
+                assert resp.status < 300, await resp.text()
+            await asyncio.sleep(0.3)  # the backend watches meanwhile: nothing final yet
+            if not self.outcome:
+                return
+            reason = {"Complete": "Completed", "Failed": "DeadlineExceeded"}[self.outcome]
+            status = {
+                "conditions": [
+                    {
+                        "type": self.outcome,
+                        "status": "True",
+                        "reason": reason,
+                        "message": "Job was active longer than specified deadline" if self.outcome == "Failed" else "",
+                        "lastTransitionTime": _now(),
+                    }
+                ],
+                "startTime": _now(-12),
+            }
+            async with http.patch(f"{JOBS}/{name}", json={"status": status}) as resp:
+                assert resp.status < 300, await resp.text()
+
+    async def _wait_resumed(self, http: aiohttp.ClientSession) -> dict[str, Any]:
+        for _ in range(500):
+            async with http.get(JOBS) as resp:
+                if resp.status == 200:
+                    for job in (await resp.json())["items"]:
+                        if job["spec"].get("suspend") is False:
+                            return dict(job)
+            await asyncio.sleep(0.02)
+        raise AssertionError("the backend never resumed its Job")
+
+    def _pod(self, job: dict[str, Any]) -> dict[str, Any]:
+        name = job["metadata"]["name"]
+        spec = job["spec"]["template"]["spec"]
+        started = _now(-12)
+
+        def status(container: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+            return {
+                "name": container["name"],
+                "image": container["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": state,
+            }
+
+        done = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started, "finishedAt": _now()}}
+        init_statuses = []
+        for c in spec["initContainers"]:
+            if self.waiting and c["name"] == HARNESS_CONTAINER:
+                init_statuses.append(status(c, {"waiting": {"reason": self.waiting, "message": "pull failed"}}))
+            else:
+                init_statuses.append(status(c, done))
+        containers = []
+        if self.message is not None:
+            verifier = {**done["terminated"], "message": self.message}
+            containers = [status(spec["containers"][0], {"terminated": verifier})]
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}-x7k2p",
+                "namespace": NS,
+                "labels": {**job["spec"]["template"]["metadata"]["labels"], "batch.kubernetes.io/job-name": name},
+            },
+            "spec": spec,
+            "status": {
+                "phase": "Succeeded" if self.message is not None else "Pending",
+                "initContainerStatuses": init_statuses,
+                "containerStatuses": containers,
+            },
+        }
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Any]:
+    async with FakeApiServer() as handler, kmock.Server(handler):
+        handler.resources["v1/pods"] = kmock.ResourceInfo(kind="Pod", namespaced=True)
+        handler.resources["batch/v1/jobs"] = kmock.ResourceInfo(kind="Job", namespaced=True)
+        yield handler
+
+
+@pytest.fixture
+async def backend(server: Any) -> AsyncIterator[KubernetesBackend]:
+    api = k8s_client.ApiClient(k8s_client.Configuration(host=str(server.url).rstrip("/")))
+    b = KubernetesBackend(KubernetesSandboxSettings(watch_timeout_s=2), api_client=api)
+    yield b
+    await b.close()
+
+
+def _task(task_id: str = "celsius-convert") -> Task:
+    return CATALOG.get("test", task_id)
+
+
+def _launch(harness: str, task: Task, backend: KubernetesBackend) -> HarnessLaunch:
+    ctx = LaunchContext(
+        instruction=task.instruction,
+        base_url=backend.proxy_base_url,
+        api_key=KEY,
+        model="policy",
+        workdir=task.environment.workdir,
+        timeout_s=120,
+        command=("sh", "-c", "curl -s {openai_base_url}/models -H 'Authorization: Bearer {api_key}'"),
+    )
+    return adapter(harness).launch(ctx, None)
+
+
+def _plan(task: Task, launch: HarnessLaunch | None, on_exit: Any = None, timeout_s: float = 120) -> ExecutionPlan:
+    return ExecutionPlan(
+        rollout_id=f"ro-{uuid.uuid4().hex[:16]}",
+        task=task,
+        launch=launch,
+        agent_timeout_s=timeout_s,
+        verifier_timeout_s=60,
+        on_harness_exit=on_exit,
+        api_key=KEY,
+    )
+
+
+def _validate(obj: dict[str, Any]) -> None:
+    kv.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def _created(server: Any) -> list[dict[str, Any]]:
+    """The bodies of every create the backend sent."""
+    return [dict(r.data) for r in server[kmock.action.CREATE] if r.headers.get("User-Agent", "").startswith("Open")]
+
+
+def _requests(server: Any) -> list[Any]:
+    return [r for r in server if r.headers.get("User-Agent", "").startswith("Open")]
+
+
+async def _run(backend: KubernetesBackend, server: Any, controller: FakeJobController, plan: ExecutionPlan) -> Any:
+    fake = asyncio.create_task(controller.run())
+    try:
+        return await asyncio.wait_for(backend.execute(plan), 30)
+    finally:
+        await fake
+
+
+async def test_a_rollout_runs_as_a_job_and_its_reward_is_read_from_the_pod(
+    backend: KubernetesBackend, server: Any
+) -> None:
+    task = _task()
+    exits: list[str] = []
+
+    async def on_exit() -> None:
+        exits.append("closed")
+
+    plan = _plan(task, _launch("codex", task, backend), on_exit)
+    server["get", re.compile(rf"/api/v1/namespaces/{NS}/pods/{job_name(plan.rollout_id)}-[a-f0-9]+-x7k2p/log")] << (
+        lambda r: "verifier says ok\n" if r.params.get("container") == VERIFIER_CONTAINER else "codex output\n"
+    )
+    controller = FakeJobController(server, "Complete", _message("0 1000.0 1012.5", 0, "1\n"))
+
+    result = await _run(backend, server, controller, plan)
+
+    assert result.reward is not None and result.reward.value == 1.0
+    assert result.exit_code == 0 and not result.timed_out
+    assert result.harness_s == pytest.approx(12.5)
+    assert result.stdout_tail == "codex output\n"
+    assert result.verifier_output == "verifier says ok\n"
+    assert exits == ["closed"]
+
+    created = _created(server)
+    name = created[0]["metadata"]["name"]
+    assert re.fullmatch(rf"{job_name(plan.rollout_id)}-[a-f0-9]{{6}}", name) and len(name) <= 63
+    kinds = [o["kind"] for o in created]
+    assert kinds[:3] == ["Job", "Secret", "NetworkPolicy"]
+    job, secret, policy = created[:3]
+    for obj in created[:3]:
+        _validate(obj)
+        assert obj["metadata"]["name"] == name and obj["metadata"]["namespace"] == NS
+    # Created suspended; resumed only after its Secret and NetworkPolicy exist.
+    assert job["spec"]["suspend"] is True
+    methods = [(r.method, r.action) for r in _requests(server) if r.action != kmock.action.WATCH]
+    patch_at = methods.index((kmock.method.PATCH, kmock.action.UPDATE))
+    assert patch_at > 2
+    # Owned by the Job, so deleting the Job removes them.
+    uid = server.objects["batch/v1/jobs", NS, name].last.raw["metadata"]["uid"]
+    for obj in (secret, policy):
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert owner == {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid, "controller": True}
+    # The key is only in the Secret: the harness gets it through secretKeyRef.
+    spec = job["spec"]
+    assert KEY not in str(job) and KEY not in str(policy)
+    assert KEY in base64.b64decode(secret["data"]["env.OPENFORGE_API_KEY"]).decode()
+    harness = next(c for c in spec["template"]["spec"]["initContainers"] if c["name"] == HARNESS_CONTAINER)
+    key_env = next(e for e in harness["env"] if e["name"] == "OPENFORGE_API_KEY")
+    assert key_env["valueFrom"]["secretKeyRef"] == {"name": name, "key": "env.OPENFORGE_API_KEY"}
+    run_sh = base64.b64decode(secret["data"]["run.sh"]).decode()
+    assert "timeout -k 5 120 codex exec --skip-git-repo-check" in run_sh
+    # Limits from task.toml, deadline, TTL, images.
+    assert harness["resources"]["limits"] == {"cpu": "1000m", "memory": "1024Mi", "ephemeral-storage": "1024Mi"}
+    assert spec["activeDeadlineSeconds"] == 120 + 60 + 10 + 300
+    assert spec["ttlSecondsAfterFinished"] == 600 and spec["backoffLimit"] == 0
+    images = {c["name"]: c["image"] for c in spec["template"]["spec"]["initContainers"]}
+    assert images["harness-install"] == "openforge/harness-codex:0.171.0"
+    assert images[HARNESS_CONTAINER] == "openforge/task-test-celsius-convert:latest"
+    assert spec["template"]["spec"]["automountServiceAccountToken"] is False
+    # Egress only to the proxy's pods on its port, and DNS.
+    rules = policy["spec"]["egress"]
+    assert rules[0]["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert rules[0]["to"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "proxy"}}
+    assert {p["port"] for p in rules[1]["ports"]} == {53}
+    assert policy["spec"]["podSelector"] == {"matchLabels": {ROLLOUT_LABEL: name}}
+    # Cleaned up: the Job deleted in the background (owner references take the rest).
+    deletes = [r for r in _requests(server) if r.action == kmock.action.DELETE]
+    assert [(r.name, r.params.get("propagationPolicy")) for r in deletes] == [(name, "Background")]
+    assert server.objects["batch/v1/jobs", NS, name].deleted
+
+
+async def test_a_harness_timeout_keeps_the_verifier_reward(backend: KubernetesBackend, server: Any) -> None:
+    task = _task()
+    plan = _plan(task, _launch("mini-swe-agent", task, backend), timeout_s=30)
+    controller = FakeJobController(server, "Complete", _message("124 1000.0 1030.2", 0, "0\n"))
+
+    result = await _run(backend, server, controller, plan)
+
+    assert result.timed_out and result.exit_code is None
+    assert result.reward is not None and result.reward.value == 0.0
+    for obj in _created(server):
+        _validate(obj)
+
+
+async def test_a_verifier_without_a_reward_is_reported(backend: KubernetesBackend, server: Any) -> None:
+    task = _task()
+    plan = _plan(task, _launch("claude-code", task, backend))
+    controller = FakeJobController(server, "Complete", _message("3 1000.0 1001.0", 1, None))
+
+    result = await _run(backend, server, controller, plan)
+
+    assert result.reward is None and result.exit_code == 3
+    assert "neither reward.txt nor reward.json" in result.verifier_error
+
+
+async def test_a_failed_job_is_an_infrastructure_failure_and_is_deleted(
+    backend: KubernetesBackend, server: Any
+) -> None:
+    task = _task()
+    plan = _plan(task, _launch("openclaw", task, backend))
+    controller = FakeJobController(server, "Failed", None, waiting="ImagePullBackOff")
+
+    with pytest.raises(SandboxStartError, match=r"DeadlineExceeded.*harness ImagePullBackOff"):
+        await _run(backend, server, controller, plan)
+
+    name = _created(server)[0]["metadata"]["name"]
+    assert server.objects["batch/v1/jobs", NS, name].deleted
+    for obj in _created(server):
+        _validate(obj)
+
+
+async def test_a_pod_that_can_never_start_fails_fast_and_is_deleted(backend: KubernetesBackend, server: Any) -> None:
+    task = _task()
+    plan = _plan(task, _launch("codex", task, backend))
+    controller = FakeJobController(server, "", None, waiting="InvalidImageName")
+    t0 = asyncio.get_running_loop().time()
+
+    with pytest.raises(SandboxStartError, match="harness cannot start: InvalidImageName"):
+        await _run(backend, server, controller, plan)
+
+    assert asyncio.get_running_loop().time() - t0 < 15  # one watch period, not the Job's deadline
+    assert server.objects["batch/v1/jobs", NS, _created(server)[0]["metadata"]["name"]].deleted
+
+
+async def test_cancelling_a_rollout_deletes_its_job(backend: KubernetesBackend, server: Any) -> None:
+    task = _task()
+    plan = _plan(task, _launch("codex", task, backend))
+    controller = FakeJobController(server, "", _message("0 1 2", 0, "1"))
+    fake = asyncio.create_task(controller.run())
+    running = asyncio.create_task(backend.execute(plan))
+    await asyncio.wait_for(controller.resumed.wait(), 10)
+    await asyncio.sleep(0.5)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    await fake
+
+    name = _created(server)[0]["metadata"]["name"]
+    deletes = [r for r in _requests(server) if r.action == kmock.action.DELETE]
+    assert [(r.name, r.params.get("propagationPolicy")) for r in deletes] == [(name, "Background")]
+    assert server.objects["batch/v1/jobs", NS, name].deleted
+
+
+async def test_an_api_server_that_refuses_a_create_is_a_start_error(backend: KubernetesBackend, server: Any) -> None:
+    server[f"post /api/v1/namespaces/{NS}/secrets"] << 403 << {"kind": "Status", "code": 403, "reason": "Forbidden"}
+    task = _task()
+    plan = _plan(task, _launch("codex", task, backend))
+
+    with pytest.raises(SandboxStartError, match="403"):
+        await asyncio.wait_for(backend.execute(plan), 30)
+
+    assert server.objects["batch/v1/jobs", NS, _created(server)[0]["metadata"]["name"]].deleted
+
+
+@pytest.mark.parametrize("harness", ["codex", "claude-code", "openclaw", "mini-swe-agent", "command", "oracle"])
+def test_every_object_validates_strictly_for_every_harness_and_task(harness: str) -> None:
+    backend = KubernetesBackend(
+        KubernetesSandboxSettings(), api_client=k8s_client.ApiClient(k8s_client.Configuration(host="http://unused"))
+    )
+    for task_set in CATALOG.sets():
+        for task_id in CATALOG.ids(task_set):
+            task = CATALOG.get(task_set, task_id)
+            launch = None if harness == "oracle" else _launch(harness, task, backend)
+            for obj in backend.manifests(_plan(task, launch)):
+                _validate(obj)
+
+
+def test_the_termination_message_is_parsed_as_harbor_reads_rewards() -> None:
+    reward_json = base64.b64encode(b'{"reward": 0.75, "tests": 3}').decode()
+    report = PodReport(f"harness 0 10.5 20.0\nverifier 0\nreward.json {reward_json}\n")
+    assert (report.harness_exit, report.harness_end - report.harness_start) == (0, 9.5)
+    assert report.reward().value == 0.75 and report.reward().values == {"reward": 0.75, "tests": 3.0}
+    empty = PodReport("harness \nverifier 137\n")
+    assert empty.harness_exit is None and empty.verifier_exit == 137
+
+
+# --- the pod's scripts, run for real ------------------------------------------------------------
+#
+# The harness and verifier containers of the Job are run in bubblewrap as a kubelet would run
+# them: every volume mount, environment variable and command taken from the manifests, Secret
+# volumes written from the Secret's items, emptyDirs as fresh folders. The host's /usr stands in
+# for the task image (the example tasks need only bash, coreutils and python3); the two init
+# containers that copy out of images are replaced by copying the prepared workspace.
+
+
+def _run_container(container: dict[str, Any], volumes: dict[str, Path], secret: dict[str, bytes], tmp: Path) -> None:
+    args = ["bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for link in ("bin", "lib", "lib64", "sbin"):
+        if Path(f"/{link}").is_symlink():
+            args += ["--symlink", f"usr/{link}", f"/{link}"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--clearenv"]
+    for m in container["volumeMounts"]:
+        args += ["--ro-bind" if m.get("readOnly") else "--bind", str(volumes[m["name"]]), m["mountPath"]]
+    for e in container.get("env", []):
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        args += ["--setenv", e["name"], secret[ref["key"]].decode() if ref else e["value"]]
+    if container.get("terminationMessagePath"):
+        args += ["--bind", str(tmp / "termination-log"), container["terminationMessagePath"]]
+    args += ["--chdir", container.get("workingDir", "/"), *container["command"]]
+    done = subprocess.run(args, capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, (container["name"], done.stderr.decode()[-2000:])
+
+
+async def _run_pod(tmp: Path, plan: ExecutionPlan, backend: KubernetesBackend) -> PodReport:
+    job, secret_obj, _ = backend.manifests(plan)
+    secret = {k: base64.b64decode(v) for k, v in secret_obj["data"].items()}
+    spec = job["spec"]["template"]["spec"]
+    volumes: dict[str, Path] = {}
+    for vol in spec["volumes"]:
+        folder = tmp / "volumes" / vol["name"]
+        folder.mkdir(parents=True)
+        for item in vol.get("secret", {}).get("items", []):
+            (folder / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+            (folder / item["path"]).write_bytes(secret[item["key"]])
+        volumes[vol["name"]] = folder
+    local = LocalBackend(LocalSandboxSettings(root=str(tmp / "sb"), cache=str(tmp / "cache"), artifacts=""), "x:9")
+    template = await local.prepare_workspace(plan.task)
+    shutil.copytree(template, volumes["workspace"], dirs_exist_ok=True, symlinks=True)
+    (tmp / "termination-log").write_text("")
+    harness = next(c for c in spec["initContainers"] if c["name"] == HARNESS_CONTAINER)
+    await asyncio.to_thread(_run_container, harness, volumes, secret, tmp)
+    await asyncio.to_thread(_run_container, spec["containers"][0], volumes, secret, tmp)
+    return PodReport((tmp / "termination-log").read_text())
+
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+
+@needs_bwrap
+async def test_the_pods_scripts_run_the_oracle_and_the_verifier_reports_1(tmp_path: Path) -> None:
+    backend = KubernetesBackend(
+        KubernetesSandboxSettings(), api_client=k8s_client.ApiClient(k8s_client.Configuration(host="http://unused"))
+    )
+    task = CATALOG.get("train", "count-lines")
+    report = await _run_pod(tmp_path, _plan(task, None), backend)
+
+    assert report.harness_exit == 0 and report.verifier_exit == 0
+    assert 0 <= report.harness_end - report.harness_start < 60
+    assert report.reward().value == 1.0
+
+
+@needs_bwrap
+async def test_the_pods_scripts_kill_a_hanging_harness_and_still_verify(tmp_path: Path) -> None:
+    backend = KubernetesBackend(
+        KubernetesSandboxSettings(), api_client=k8s_client.ApiClient(k8s_client.Configuration(host="http://unused"))
+    )
+    task = CATALOG.get("train", "count-lines")
+    ctx = LaunchContext(
+        instruction=task.instruction,
+        base_url=backend.proxy_base_url,
+        api_key=KEY,
+        model="policy",
+        workdir=task.environment.workdir,
+        timeout_s=2,
+        command=("sh", "-c", 'test "$OPENAI_API_KEY" = "{api_key}" && sleep 60'),
+    )
+    plan = _plan(task, adapter("command").launch(ctx, None), timeout_s=2)
+    report = await _run_pod(tmp_path, plan, backend)
+
+    assert report.harness_exit == 124  # timeout's status: the key arrived, then the sleep was killed
+    assert 2 <= report.harness_end - report.harness_start < 10
+    assert report.verifier_exit == 0 and report.reward().value == 0.0
+
+
+async def test_the_service_builds_the_backend_from_its_settings_and_a_kubeconfig(server: Any, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": str(server.url).rstrip("/")}}],
+                "users": [{"name": "orchestrator", "user": {"token": "fake-token"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "orchestrator"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    settings = OrchestratorSettings(
+        sandbox=SandboxSettings(
+            backend="kubernetes", kubernetes=KubernetesSandboxSettings(kubeconfig=str(kubeconfig), watch_timeout_s=2)
+        )
+    )
+    backend = backend_from_settings(settings)
+    assert isinstance(backend, KubernetesBackend)
+    task = _task()
+    rollout = Rollout(
+        rollout_id="ro-settings",
+        run_id="run",
+        task_id=task.task_id,
+        task_set=task.task_set,
+        group_id="grp",
+        group_index=0,
+        harness="mini-swe-agent",
+        model_name="policy",
+        status=RolloutStatus.PENDING,
+        min_policy_version=0,
+        timeout_s=0,
+        create_time=0,
+    )
+    launch = launches_from_settings(settings)(rollout, task, backend.proxy_base_url, KEY, 120)
+    assert launch.image == "openforge/harness-mini-swe-agent:2.4.6" and launch.argv[0] == "mini"
+    try:
+        result = await _run(
+            backend, server, FakeJobController(server, "Complete", _message("0 5 9", 0, "1")), _plan(task, launch)
+        )
+    finally:
+        await backend.close()
+    assert result.reward is not None and result.reward.value == 1.0
+    assert {r.headers.get("Authorization") for r in _requests(server)} == {"Bearer fake-token"}
+
+    missing = KubernetesSandboxSettings(kubeconfig=str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match="OPENFORGE_SANDBOX__KUBERNETES__KUBECONFIG"):
+        KubernetesBackend(missing)
+
+
+@pytest.mark.parametrize("rollout_id", ["ro-0123456789abcdef", "Run/ÄÖ/" + "x" * 200, "---", ""])
+def test_job_names_are_dns_labels_unique_per_rollout_and_attempt(rollout_id: str) -> None:
+    name = job_name(rollout_id, "a1b2c3")
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63
+    assert name != job_name(rollout_id + "x", "a1b2c3") and name != job_name(rollout_id, "d4e5f6")
