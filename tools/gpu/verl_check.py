@@ -1,5 +1,10 @@
 """GPU check of the ``verl`` trainer backend: a few RL steps of a small real model, sampled with
-vLLM and trained with the ``verl`` backend, on one GPU, in under 8 minutes.
+vLLM and trained with the ``verl`` backend, in under 8 minutes.
+
+The path follows the GPUs: with one GPU, veRL's ``TrainingWorker`` runs in this process (FSDP
+engine on CUDA, world size 1); with more (``--gpus``, default: every visible GPU), the backend
+runs with ``verl.distributed`` (veRL's Ray worker group: one FSDP ``TrainingWorker`` per GPU,
+the batch split over the data-parallel ranks). vLLM shares GPU 0 with the trainer.
 
 Each step: vLLM samples ``--group-size`` answers to each of ``--groups`` arithmetic prompts
 ("What is 37 + 58?"), with the sampled tokens' logprobs (the behaviour logprobs); the reward is
@@ -124,6 +129,39 @@ def sample_groups(
     return samples, rewards
 
 
+def cuda_device_count() -> int:
+    """Visible CUDA devices (0 without CUDA)."""
+    torch: Any = importlib.import_module("torch")
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def run_config(model_dir: Path, args: argparse.Namespace, *, gpus: int) -> RunConfig:
+    """The run config of the check: ``verl.distributed`` over ``gpus`` GPUs when there is more
+    than one, else the in-process worker on ``cuda``."""
+    verl = {"distributed": True, "n_gpus_per_node": gpus} if gpus > 1 else {}
+    return RunConfig.model_validate(
+        {
+            "model": str(model_dir),
+            "tasks": ["add"],
+            "backend": "verl",
+            "device": "cuda",
+            "group_size": args.group_size,
+            "groups_per_step": args.groups,
+            "learning_rate": args.lr,
+            "steps": args.steps,
+            "seed": args.seed,
+            "verl": verl,
+        }
+    )
+
+
+def describe(config: RunConfig) -> str:
+    """One line naming the trainer path the check exercises."""
+    if config.verl.distributed:
+        return f"veRL Ray worker group, {config.verl.n_gpus_per_node} FSDP TrainingWorkers (one per GPU)"
+    return "veRL TrainingWorker in-process (FSDP engine, world size 1, one GPU)"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=None, help="HF model directory (default: a small cached one)")
@@ -134,6 +172,7 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=2e-6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument("--gpus", type=int, default=0, help="trainer GPUs (default: all visible; > 1: Ray group)")
     args = parser.parse_args()
 
     started = time.perf_counter()
@@ -153,17 +192,8 @@ def main() -> int:
         worker_extension_cls=WORKER_EXTENSION,
     )
     params = vllm.SamplingParams(n=args.group_size, temperature=1.0, max_tokens=args.max_tokens, logprobs=0)
-    config = RunConfig(
-        model=str(model_dir),
-        tasks=["add"],
-        backend="verl",
-        device="cuda",
-        group_size=args.group_size,
-        groups_per_step=args.groups,
-        learning_rate=args.lr,
-        steps=args.steps,
-        seed=args.seed,
-    )
+    config = run_config(model_dir, args, gpus=args.gpus or cuda_device_count())
+    print(f"trainer: {describe(config)}", flush=True)
     backend = create_backend("verl", config)
     backend.load(model_dir, None)
     print(f"startup_s={time.perf_counter() - started:.1f}", flush=True)

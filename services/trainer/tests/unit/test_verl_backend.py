@@ -1,12 +1,13 @@
 """The ``verl`` backend on CPU against the ``torch`` backend, and its config mapping.
 
-What runs on CPU here (veRL's own code, called): the batch layout (``DataProto``,
-``to_tensordict``, ``left_right_2_no_padding``, ``no_padding_2_padding``), the outcome advantage
-estimators, ``compute_rollout_correction_weights``, ``workers.utils.losses.ppo_loss`` /
-``sft_loss`` (PPO-clip / GSPO, ``agg_loss`` with the engine's global-batch normalisation,
-entropy and KL terms). What does not run on CPU and is left to ``tools/gpu/verl_check.py``:
-veRL's FSDP engine forward (flash-attention varlen over packed sequences; here each sequence
-runs alone through the HF model), its Ray worker group, and vLLM sampling.
+What runs here is veRL's own actor: ``TrainingWorker`` (``train_mini_batch`` = the actor
+update of ``ActorRolloutRefWorker.update_actor``; ``infer_batch`` = ``compute_log_prob``) with
+its FSDP2 engine on a one-rank gloo group, ``ppo_loss``/``sft_loss``, clipping, AdamW and its
+checkpoint manager; veRL's advantage estimators and ``compute_rollout_correction_weights``.
+What differs on CPU (and is explicit in ``verl_cpu``): veRL's CPU platform is ours, the engine
+pads micro-batches instead of packing them (no flash-attention), fp32 without autocast. Left to
+``tools/gpu/verl_check.py``: the engine on CUDA (bf16 autocast, packed flash-attention varlen),
+the Ray worker group, vLLM sampling.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def test_rl_step_equals_the_torch_backend(micro_model_dir: Path, over: dict[str,
     """Same batch, same initial weights: the loss of every update and the weights after the step
     match the torch backend's (which tests its formulas against hand-written references)."""
     import torch
+    from transformers import AutoModelForCausalLM
 
     from openforge_trainer.backends.torch_backend import TorchBackend
     from openforge_trainer.backends.verl_backend import VerlBackend
@@ -96,23 +98,25 @@ def test_rl_step_equals_the_torch_backend(micro_model_dir: Path, over: dict[str,
 
     assert m_verl["loss/total"] == pytest.approx(m_torch["loss/total"], rel=1e-4, abs=1e-6)
     assert m_verl["grad_norm"] == pytest.approx(m_torch["grad_norm"], rel=1e-4, abs=1e-6)
-    a, b = _params(ours.model), _params(theirs.model)
-    assert a.keys() == b.keys()
+    a, b = _params(ours.model), theirs.state_dict()
+    # veRL exports the tied output projection under its own name too
+    assert set(b) - set(a) <= {"lm_head.weight"} and set(a) <= set(b)
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
     # the step moved the weights (the comparison is not trivially between two unchanged models)
-    init = VerlBackend(config)
-    init.load(micro_model_dir, None)
-    assert any(not torch.equal(v, _params(init.model)[k]) for k, v in b.items())
+    init = _params(AutoModelForCausalLM.from_pretrained(str(micro_model_dir), dtype=torch.float32))
+    assert any(not torch.equal(b[k], v) for k, v in init.items())
+    theirs.close()
 
 
 def test_ppo_loss_of_one_batch_equals_torch_backend_objective(micro_model_dir: Path) -> None:
-    """veRL's ``ppo_loss`` on the converted batch (no optimizer step) equals the torch backend's
-    ``policy_objective`` on its own padding of the same samples."""
+    """veRL's worker computing ``ppo_loss`` on the converted batch (``infer_batch`` with the loss,
+    no update) equals the torch backend's ``policy_objective`` on its own padding of the samples."""
     import torch
 
+    from openforge_trainer.backends import verl_worker
     from openforge_trainer.backends.torch_backend import TorchBackend, collate, compute_advantages, policy_objective
-    from openforge_trainer.backends.verl_backend import VerlBackend
+    from openforge_trainer.backends.verl_backend import VerlBackend, summarise
 
     config = cfg(is_cap=1.5)
     ours, theirs = TorchBackend(config), VerlBackend(config)
@@ -122,7 +126,9 @@ def test_ppo_loss_of_one_batch_equals_torch_backend_objective(micro_model_dir: P
 
     data = theirs.to_dataproto(TrainBatch(samples=tuple(samples), policy_version=1))
     theirs.prepare_rl(data)
-    verl_loss, verl_metrics = theirs.rl_loss(data, range(len(samples)), backward=False)
+    td = verl_worker.update_tensordict(data, mini_batch_size=len(data), epochs=1, seed=0, calculate_entropy=True)
+    out = theirs.runner.worker.infer_batch(td)
+    verl_metrics = summarise(verl_worker.metrics_of(out))  # one micro-batch: the values themselves
 
     mb = collate(samples, range(len(samples)), torch.device("cpu"))
     adv = compute_advantages(ours._verl, config, samples)
@@ -140,9 +146,10 @@ def test_ppo_loss_of_one_batch_equals_torch_backend_objective(micro_model_dir: P
             mask=mb.mask,
             is_cap=1.5,
         )
-    assert verl_loss == pytest.approx(float(torch_loss), rel=1e-5, abs=1e-7)
+    assert verl_metrics["loss/total"] == pytest.approx(float(torch_loss), rel=1e-5, abs=1e-7)
     torch.testing.assert_close(data.batch["advantages"].float(), adv[:, : data.batch["advantages"].shape[1]])
     assert verl_metrics["actor/pg_clipfrac"] == pytest.approx(torch_metrics["actor/pg_clipfrac"], abs=1e-6)
+    theirs.close()
 
 
 def test_sft_step_equals_the_torch_backend(micro_model_dir: Path) -> None:
@@ -158,12 +165,18 @@ def test_sft_step_equals_the_torch_backend(micro_model_dir: Path) -> None:
     batch = TrainBatch(samples=tuple(rl_samples(ours.model, seed=5)), policy_version=0)
     m_torch, m_verl = ours.train_sft(batch), theirs.train_sft(batch)
     assert m_verl["loss/sft"] == pytest.approx(m_torch["loss/sft"], rel=1e-5)
+    assert m_verl["grad_norm"] == pytest.approx(m_torch["grad_norm"], rel=1e-4)
+    got = theirs.state_dict()
     for k, v in _params(ours.model).items():
-        torch.testing.assert_close(_params(theirs.model)[k], v, rtol=1e-4, atol=1e-5, msg=k)
+        torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-5, msg=k)
+    theirs.close()
 
 
-def test_checkpoint_is_hf_and_resumes(micro_model_dir: Path, tmp_path: Path) -> None:
+def test_checkpoint_is_hf_and_resumes_exactly(micro_model_dir: Path, tmp_path: Path) -> None:
+    """A checkpoint is a loadable HF model (the weights ``UpdateWeights`` reads) plus veRL's
+    optimizer state: a resumed backend's next step equals the uninterrupted backend's."""
     import torch
+    from transformers import AutoModelForCausalLM
 
     from openforge_trainer.backends.base import create_backend
     from openforge_trainer.backends.verl_backend import VerlBackend
@@ -172,17 +185,31 @@ def test_checkpoint_is_hf_and_resumes(micro_model_dir: Path, tmp_path: Path) -> 
     backend = create_backend("verl", config)
     assert isinstance(backend, VerlBackend)
     backend.load(micro_model_dir, None)
-    backend.train_rl(TrainBatch(samples=tuple(rl_samples(backend.model, seed=6)), policy_version=0))
+    reference = AutoModelForCausalLM.from_pretrained(str(micro_model_dir), dtype=torch.float32)
+    first = TrainBatch(samples=tuple(rl_samples(reference, seed=6)), policy_version=0)
+    second = TrainBatch(samples=tuple(rl_samples(reference, seed=7)), policy_version=1)
+    backend.train_rl(first)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     backend.save_checkpoint(ckpt)
-    assert (ckpt / "model.safetensors").is_file() and (ckpt / "optimizer.pt").is_file()
+    assert (ckpt / "model.safetensors").is_file() and (ckpt / "config.json").is_file()
     assert (ckpt / "tokenizer_config.json").is_file()
+    assert any((ckpt / "verl").glob("optim_world_size_1_rank_0.pt"))
+    saved = _params(AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32))
+    for k, v in saved.items():
+        torch.testing.assert_close(backend.state_dict()[k], v, rtol=0, atol=0, msg=k)
+
     again = VerlBackend(config)
     again.load(micro_model_dir, ckpt)
-    for k, v in _params(backend.model).items():
-        assert torch.equal(_params(again.model)[k], v)
+    backend.train_rl(second)
+    again.train_rl(second)
+    a, b = backend.state_dict(), again.state_dict()
+    for k in saved:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-6, atol=1e-7, msg=k)
+    # without the optimizer state the second AdamW step would differ: this one moved
+    assert any(not torch.equal(a[k], v) for k, v in saved.items())
     backend.close()
+    again.close()
 
 
 # ---- config mapping (no heavy stack needed) ----
@@ -225,6 +252,24 @@ def test_config_mapping_field_by_field() -> None:
     assert actor["use_dynamic_bsz"] is True and actor["ppo_max_token_len_per_gpu"] == 8192
     assert actor["optim"] == {"optimizer": "AdamW", "lr": 3e-6, "weight_decay": 0.01, "clip_grad": 0.5}
     assert (actor["clip_ratio_low"], actor["clip_ratio_high"], actor["clip_ratio_c"]) == (0.2, 0.28, 3.0)
+    assert actor["strategy"] == "fsdp2"
+    # CPU: fp32 without autocast, padded micro-batches with SDPA, no torch.compile
+    assert actor["fsdp_config"]["mixed_precision"]["param_dtype"] == "fp32"
+    assert actor["fsdp_config"]["use_torch_compile"] is False
+    model = mapped["actor_rollout_ref"]["model"]
+    assert model["path"] == "m" and model["use_remove_padding"] is False
+    assert model["override_config"] == {"attn_implementation": "sdpa"}
+    assert (mapped["trainer"]["n_gpus_per_node"], mapped["trainer"]["nnodes"]) == (1, 1)
+    assert mapped["openforge"]["runner"] == "in_process"
+
+
+def test_cuda_keeps_verl_s_engine_defaults() -> None:
+    from openforge_trainer.backends.verl_backend import verl_config
+
+    mapped = verl_config(cfg(device="cuda", verl={"strategy": "fsdp"}))
+    actor = mapped["actor_rollout_ref"]["actor"]
+    assert actor["fsdp_config"] == {} and actor["strategy"] == "fsdp"
+    assert mapped["trainer"]["device"] == "cuda"
 
 
 @pytest.mark.parametrize(
@@ -234,6 +279,13 @@ def test_config_mapping_field_by_field() -> None:
         ({"max_grad_norm": 0.0}, "max_grad_norm", "always clips"),
         ({"mode": "sft", "loss_agg_mode": "seq-mean-token-sum"}, "loss_agg_mode", "token mean"),
         ({"device": "mps"}, "device", "cuda"),
+        ({"verl": {"distributed": True}}, "device", "CUDA GPUs"),
+        ({"verl": {"n_gpus_per_node": 2}}, "verl.n_gpus_per_node", "verl.distributed"),
+        (
+            {"device": "cuda", "group_size": 3, "verl": {"distributed": True, "n_gpus_per_node": 4}},
+            "verl.n_gpus_per_node",
+            "not a multiple of 4 GPUs",
+        ),
     ],
 )
 def test_config_veRL_cannot_express_is_rejected(over: dict[str, Any], field: str, words: str) -> None:

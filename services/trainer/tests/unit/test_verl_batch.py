@@ -104,11 +104,12 @@ def test_verl_s_no_padding_conversion_recovers_every_sequence() -> None:
     import torch
     from verl.workers.utils.padding import no_padding_2_padding
 
-    from openforge_trainer.backends.verl_batch import micro_tensordict, samples_to_dataproto
+    from openforge_trainer.backends.verl_batch import samples_to_dataproto
+    from openforge_trainer.backends.verl_worker import update_tensordict
 
     samples = store_samples(seed=2)
     data = samples_to_dataproto(samples)
-    td = micro_tensordict(data, batch_num_tokens=1.0, global_batch_size=len(samples))
+    td = update_tensordict(data, mini_batch_size=len(samples), epochs=2, seed=0, calculate_entropy=False)
     rows = td["input_ids"].unbind()
     for s, row, pos in zip(samples, rows, td["position_ids"].unbind(), strict=True):
         assert row.tolist() == list(s.prompt_ids) + list(s.response_ids)
@@ -117,7 +118,23 @@ def test_verl_s_no_padding_conversion_recovers_every_sequence() -> None:
     next_tokens = torch.cat([torch.roll(r, -1) for r in rows]).float()
     padded = no_padding_2_padding(next_tokens, td)
     assert torch.equal(padded.long() * data.batch["attention_mask"][:, -padded.shape[1] :], data.batch["responses"])
-    assert td["dp_size"] == 1
+    # what the worker's loss reads: the response mask, the mini-batch and epoch settings
+    assert torch.equal(td["loss_mask"], data.batch["response_mask"])
+    assert (td["mini_batch_size"], td["global_batch_size"], td["epochs"]) == (len(samples), len(samples), 2)
+    assert td["dataloader_kwargs"] == {"shuffle": False}
+
+
+def test_sft_layout_masks_the_whole_sequence() -> None:
+    """veRL's SFT layout: ``loss_mask`` nested over prompt + response, 0 on the prompt, our loss
+    mask on the response (``sft_loss`` shifts it onto the log-probs)."""
+    from openforge_trainer.backends.verl_batch import samples_to_dataproto
+    from openforge_trainer.backends.verl_worker import sft_tensordict
+
+    samples = store_samples(seed=5)
+    td = sft_tensordict(samples_to_dataproto(samples))
+    for s, mask, ids in zip(samples, td["loss_mask"].unbind(), td["input_ids"].unbind(), strict=True):
+        assert mask.tolist() == [0] * len(s.prompt_ids) + list(s.loss_mask)
+        assert ids.tolist() == list(s.prompt_ids) + list(s.response_ids)
 
 
 def test_advantages_are_grouped_by_uid() -> None:

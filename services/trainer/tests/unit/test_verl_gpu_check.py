@@ -57,3 +57,21 @@ def test_find_model_honours_the_environment(monkeypatch: pytest.MonkeyPatch, tmp
     script = load_script()
     monkeypatch.setenv("OPENFORGE_GPU_MODEL", str(tmp_path))
     assert script.find_model() == tmp_path
+
+
+@pytest.mark.parametrize(("gpus", "distributed"), [(1, False), (4, True)])
+def test_the_check_picks_the_path_by_gpu_count(gpus: int, distributed: bool) -> None:
+    """One GPU: the in-process worker; more: the Ray worker group over all of them (and veRL can
+    split the check's mini-batches over them)."""
+    import argparse
+
+    from openforge_trainer.backends.verl_backend import verl_config
+
+    script = load_script()
+    args = argparse.Namespace(group_size=4, groups=8, lr=2e-6, steps=4, seed=0)
+    config = script.run_config(Path("/m"), args, gpus=gpus)
+    assert config.verl.distributed is distributed and config.device == "cuda"
+    mapped = verl_config(config)
+    assert mapped["openforge"]["runner"] == ("ray_worker_group" if distributed else "in_process")
+    assert mapped["trainer"]["n_gpus_per_node"] == gpus
+    assert ("Ray worker group" in script.describe(config)) is distributed

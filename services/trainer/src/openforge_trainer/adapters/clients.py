@@ -73,7 +73,13 @@ class OrchestratorClient:
         self._stub = orchestrator_pb2_grpc.OrchestratorServiceStub(self._channel)
 
     async def submit(self, request: RolloutRequest) -> list[str]:
-        """Submits the groups; returns their group ids in task order (idempotent per request id)."""
+        """Submits the groups; returns their group ids in task order (idempotent per request id).
+
+        The run's temperature always goes in ``sampling`` (the proxy then enforces it on every
+        call, whatever the harness sends), with ``max_tokens`` when set; ``limits`` carries
+        the per-rollout turn and token limits when set.
+        """
+        sampling = common_pb2.SamplingParams(temperature=request.temperature, max_tokens=request.max_tokens)
         msg = orchestrator_pb2.SubmitRolloutsRequest(
             request_id=request.request_id,
             run_id=request.run_id,
@@ -82,7 +88,13 @@ class OrchestratorClient:
             harness=request.harness,
             model_name=request.model_name,
             min_policy_version=request.min_policy_version,
+            sampling=sampling,
+            command=list(request.command),
         )
+        if request.max_turns or request.max_total_tokens:
+            msg.limits.CopyFrom(
+                orchestrator_pb2.RolloutLimits(max_turns=request.max_turns, max_total_tokens=request.max_total_tokens)
+            )
         if request.timeout_s > 0:
             msg.timeout.CopyFrom(Duration(seconds=int(request.timeout_s), nanos=int(request.timeout_s % 1 * 1e9)))
         resp = await self._stub.SubmitRollouts(msg)

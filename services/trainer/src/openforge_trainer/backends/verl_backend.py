@@ -1,43 +1,43 @@
-"""The ``verl`` backend: our store samples trained with veRL's (``verl==0.9.1``) actor loss.
+"""The ``verl`` backend: our store samples trained by veRL's (``verl==0.9.1``) own actor worker.
 
-Each step:
+Each RL step does what veRL's ``ray_trainer`` does between rollout and weight sync:
 
 1. the batch of :class:`TrainSample` becomes veRL's ``DataProto``
    (:func:`~openforge_trainer.backends.verl_batch.samples_to_dataproto`: left-padded prompts,
    right-padded responses, ``response_mask`` = our loss mask, ``rollout_log_probs`` = our
    behaviour logprobs, ``uid`` = group id);
 2. advantages with veRL's outcome estimator on ``token_level_rewards`` grouped by ``uid``;
-3. ``old_log_probs`` (π_old, the policy before the step's first update, computed without
-   gradient as veRL's ``compute_log_prob`` does), ``rollout_is_weights`` from veRL's
-   ``compute_rollout_correction_weights`` (token TIS, "decoupled" mode), ``ref_log_prob`` when
-   the KL loss is on;
-4. for each epoch and mini-batch: the micro-batches go through ``to_tensordict`` and
-   ``left_right_2_no_padding`` into veRL's ``workers.utils.losses.ppo_loss`` (or ``sft_loss``)
-   with the engine's normalisation entries (``dp_size``, ``batch_num_tokens``,
-   ``global_batch_size``); gradients accumulate; clip; AdamW step;
-5. checkpoints are HF safetensors (+ ``optimizer.pt``), which the loop hands to inference
-   ``UpdateWeights`` like the ``torch`` backend's.
+3. ``old_log_probs`` from the actor worker's ``infer_batch`` (``compute_log_prob``), and
+   ``ref_log_prob`` from a forward-only reference worker when the KL loss is on;
+   ``rollout_is_weights`` from veRL's ``compute_rollout_correction_weights`` (token TIS,
+   "decoupled" mode);
+4. the actor update: veRL's ``TrainingWorker.train_mini_batch`` (what
+   ``ActorRolloutRefWorker.update_actor`` runs) on the ``left_right_2_no_padding`` TensorDict:
+   epochs x mini-batches, dynamic micro-batches, the FSDP engine's forward/backward with
+   ``ppo_loss``, clipping and the AdamW step;
+5. checkpoints: veRL's checkpoint manager writes the HF model (moved to the checkpoint's root,
+   which the loop hands to inference ``UpdateWeights``) and its optimizer state (``verl/``).
 
-The model forward (veRL's FSDP engine on GPUs) is run here in-process, one sequence at a time
-(:func:`~openforge_trainer.backends.verl_batch.sequence_log_probs`), so this backend runs on CPU
-and on one GPU. The multi-GPU path runs veRL's Ray worker group with the config from
-:func:`verl_config` (see ``services/trainer/VERL.md``).
+SFT steps run the same worker with veRL's ``sft_loss`` on the no-padding SFT layout.
+
+Where the worker runs (:mod:`~openforge_trainer.backends.verl_worker`): in this process (one
+device; on CPU through :mod:`~openforge_trainer.backends.verl_cpu`), or, with
+``verl.distributed``, as veRL's Ray worker group of FSDP ``TrainingWorker`` over CUDA GPUs.
+Field-by-field mapping and coverage: ``services/trainer/VERL.md``.
 """
 
 from __future__ import annotations
 
 import importlib
+import shutil
 import time
-from collections import defaultdict
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import structlog
 
 from openforge_core.errors import InvalidArgument
-from openforge_trainer.backends import hf_common, verl_batch
-from openforge_trainer.backends.base import OPTIMIZER_FILE
+from openforge_trainer.backends import hf_common, verl_batch, verl_cpu, verl_worker
 from openforge_trainer.domain.config import RunConfig
 from openforge_trainer.domain.samples import TrainBatch
 
@@ -50,21 +50,15 @@ VERL_VERSION: Final = "0.9.1"
 ADV_ESTIMATORS: Final = {"grpo": "grpo", "rloo": "rloo", "reinforce++": "reinforce_plus_plus"}
 POLICY_LOSSES: Final = {"ppo-clip": "vanilla", "gspo": "gspo"}
 
+#: Sub-directory of a checkpoint holding veRL's checkpoint manager's files (optimizer, extra).
+VERL_STATE_DIR: Final = "verl"
+
 
 def _reject(field: str, why: str) -> InvalidArgument:
     return InvalidArgument.field(field, f"the verl backend cannot express this: {why}")
 
 
-def verl_config(config: RunConfig) -> dict[str, Any]:
-    """Maps a run config onto veRL's trainer config (the keys of ``ppo_trainer.yaml``).
-
-    Field by field (also in ``services/trainer/VERL.md``); fields not listed are our loop's
-    (tasks, harness, staleness, evaluation, pass@k) and never reach veRL.
-
-    Raises:
-        InvalidArgument: A setting veRL 0.9.1 cannot express (one field violation, named).
-    """
-    rollouts = config.groups_per_step * config.group_size
+def _validate(config: RunConfig) -> None:
     if config.groups_per_step % config.mini_batches:
         raise _reject(
             "mini_batches",
@@ -80,7 +74,50 @@ def verl_config(config: RunConfig) -> dict[str, Any]:
         )
     if config.device != "cpu" and not config.device.startswith("cuda"):
         raise _reject("device", f"{config.device!r}: veRL trains on 'cuda' devices (or 'cpu' in-process)")
+    v = config.verl
+    if not v.distributed:
+        if (v.n_gpus_per_node, v.nnodes) != (1, 1):
+            raise _reject("verl.n_gpus_per_node", "more than one GPU needs verl.distributed: true")
+        return
+    if not config.device.startswith("cuda"):
+        raise _reject("device", f"verl.distributed runs veRL's FSDP workers on CUDA GPUs, not {config.device!r}")
+    world = v.n_gpus_per_node * v.nnodes
+    per_mini = config.groups_per_step * config.group_size // config.mini_batches
+    if per_mini % world:
+        raise _reject(
+            "verl.n_gpus_per_node",
+            f"veRL splits each mini-batch evenly over the data-parallel ranks: {per_mini} rollouts per "
+            f"mini-batch is not a multiple of {world} GPUs",
+        )
+
+
+def _model_settings(config: RunConfig) -> dict[str, Any]:
+    """``actor_rollout_ref.model``: padding-free packed forward only with flash-attention (GPU)."""
+    packed = config.device != "cpu" and verl_worker.has_flash_attention()
+    return {
+        "path": config.model,
+        "use_remove_padding": packed,
+        "override_config": {"attn_implementation": "flash_attention_2" if packed else "sdpa"},
+        "load_tokenizer": False,  # samples arrive as token ids; tokenizer files are copied
+    }
+
+
+def verl_config(config: RunConfig) -> dict[str, Any]:
+    """Maps a run config onto veRL's trainer config (the keys of ``ppo_trainer.yaml``).
+
+    Field by field (also in ``services/trainer/VERL.md``); fields not listed are our loop's
+    (tasks, harness, staleness, evaluation, pass@k) and never reach veRL.
+
+    Raises:
+        InvalidArgument: A setting veRL 0.9.1 (or this backend) cannot express (one field
+            violation, named).
+    """
+    _validate(config)
+    rollouts = config.groups_per_step * config.group_size
     mini_prompts = config.groups_per_step // config.mini_batches
+    fsdp_config: dict[str, Any] = {}
+    if config.device == "cpu":
+        fsdp_config = verl_cpu.cpu_engine_overrides()
     return {
         "data": {"train_batch_size": config.groups_per_step},
         "algorithm": {
@@ -91,10 +128,11 @@ def verl_config(config: RunConfig) -> dict[str, Any]:
             "rollout_correction": {"rollout_is": "token", "rollout_is_threshold": config.is_cap, "bypass_mode": False},
         },
         "actor_rollout_ref": {
-            "model": {"path": config.model},
+            "model": _model_settings(config),
             "rollout": {"n": config.group_size, "temperature": config.temperature},
             "actor": {
-                "strategy": "fsdp",
+                "strategy": config.verl.strategy,
+                "fsdp_config": fsdp_config,
                 "ppo_mini_batch_size": mini_prompts,
                 "ppo_epochs": config.ppo_epochs,
                 "shuffle": False,
@@ -123,10 +161,14 @@ def verl_config(config: RunConfig) -> dict[str, Any]:
         "trainer": {
             "total_training_steps": config.steps,
             "device": "cpu" if config.device == "cpu" else "cuda",
-            "n_gpus_per_node": 1,
-            "nnodes": 1,
+            "n_gpus_per_node": config.verl.n_gpus_per_node,
+            "nnodes": config.verl.nnodes,
         },
-        "openforge": {"rollouts_per_step": rollouts, "mode": config.mode},
+        "openforge": {
+            "rollouts_per_step": rollouts,
+            "mode": config.mode,
+            "runner": "ray_worker_group" if config.verl.distributed else "in_process",
+        },
     }
 
 
@@ -159,25 +201,8 @@ def actor_config(config: RunConfig) -> Any:
     )
 
 
-def split_rows(lengths: Sequence[int], rows: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Greedy split of rows (in order) so that rows x longest sequence <= ``token_budget``."""
-    out: list[list[int]] = []
-    cur: list[int] = []
-    longest = 0
-    for r in rows:
-        n = lengths[r]
-        if cur and max(longest, n) * (len(cur) + 1) > token_budget:
-            out.append(cur)
-            cur, longest = [], 0
-        cur.append(r)
-        longest = max(longest, n)
-    if cur:
-        out.append(cur)
-    return out
-
-
 class VerlBackend:
-    """An HF causal LM trained with veRL's batch layout and loss functions.
+    """An HF causal LM trained by veRL's actor worker on our store's samples.
 
     Args:
         config: The run config; rejected (``InvalidArgument``) when veRL cannot express it.
@@ -194,83 +219,79 @@ class VerlBackend:
         self._mapped = verl_config(config)
         self._core_algos = importlib.import_module("verl.trainer.ppo.core_algos")
         self._rollout_corr = importlib.import_module("verl.trainer.ppo.rollout_corr_helper")
-        self._losses = verl_batch.load_verl_losses()
         self._cfg = actor_config(config)
-        self._device = torch.device(config.device)
-        self._model: Any = None
-        self._ref: Any = None
-        self._optimizer: torch.optim.Optimizer | None = None
+        self._runner: Any = None
         self._model_dir: Path | None = None
         self._pad_token_id = 0
         torch.manual_seed(config.seed)
 
     @property
-    def model(self) -> Any:
-        """The HF model (after :meth:`load`)."""
-        if self._model is None:
+    def runner(self) -> Any:
+        """The actor runner (:class:`~verl_worker.LocalActor` or :class:`~verl_worker.RayActorGroup`)."""
+        if self._runner is None:
             raise RuntimeError("VerlBackend.load() was not called")
-        return self._model
-
-    @property
-    def optimizer(self) -> Any:
-        """The optimizer (after :meth:`load`)."""
-        if self._optimizer is None:
-            raise RuntimeError("VerlBackend.load() was not called")
-        return self._optimizer
+        return self._runner
 
     def load(self, model_dir: Path, checkpoint_dir: Path | None) -> None:
-        """Loads weights (and the optimizer state of a checkpoint); see the protocol."""
-        import torch
-        from transformers import AutoModelForCausalLM
+        """Builds veRL's actor worker on the weights of ``checkpoint_dir`` (else ``model_dir``)
+        and restores the checkpoint's optimizer state; see the protocol.
+
+        Raises:
+            FailedPrecondition: ``verl.distributed`` on a machine without the CUDA GPUs it names.
+        """
+        from transformers import AutoConfig
 
         self._model_dir = model_dir
         source = checkpoint_dir or model_dir
-        model: Any = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
-        model.to(self._device)
-        model.train()
-        self._model = model
-        pad = getattr(model.config, "pad_token_id", None)
+        pad = getattr(AutoConfig.from_pretrained(str(source)), "pad_token_id", None)
         self._pad_token_id = int(pad) if isinstance(pad, int) else 0
-        opt = self._mapped["actor_rollout_ref"]["actor"]["optim"]
-        self._optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], weight_decay=opt["weight_decay"])
+        rl = self._config.mode == "rl"
+        loss_fn = verl_worker.ppo_loss_fn(self._cfg) if rl else verl_worker.sft_loss_fn()
+        ref = model_dir if rl and self._config.kl_coef > 0 else None
+        v = self._config.verl
+        if v.distributed:
+            self._runner = verl_worker.RayActorGroup(
+                self._mapped, source, ref, loss_fn, n_gpus_per_node=v.n_gpus_per_node, nnodes=v.nnodes
+            )
+        else:
+            self._runner = verl_worker.LocalActor(self._mapped, source, ref, loss_fn, self._config.device)
         if checkpoint_dir is not None:
-            state = torch.load(checkpoint_dir / OPTIMIZER_FILE, map_location=self._device, weights_only=True)
-            self._optimizer.load_state_dict(state)
-        if self._config.kl_coef > 0:
-            ref: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-            ref.to(self._device)
-            ref.eval()
-            ref.requires_grad_(False)
-            self._ref = ref
-        log.info("verl_backend.loaded", source=str(source), device=str(self._device), verl=VERL_VERSION)
+            self._runner.load(checkpoint_dir / VERL_STATE_DIR)
+        log.info(
+            "verl_backend.loaded",
+            source=str(source),
+            device=self._config.device,
+            runner=self._mapped["openforge"]["runner"],
+            verl=VERL_VERSION,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The actor's full parameters by HF name (in-process worker only)."""
+        runner = self.runner
+        if not isinstance(runner, verl_worker.LocalActor):
+            raise RuntimeError(
+                "state_dict() reads the in-process worker; the worker group's weights are in checkpoints"
+            )
+        return runner.state_dict()
 
     # ---- batch ----
 
     def to_dataproto(self, batch: TrainBatch) -> Any:
-        """The batch in veRL's layout, with advantages (RL) added."""
-        data = verl_batch.samples_to_dataproto(
+        """The batch in veRL's layout (on CPU: veRL's workers move their micro-batches)."""
+        return verl_batch.samples_to_dataproto(
             batch.samples,
             pad_token_id=self._pad_token_id,
             temperature=self._config.temperature,
             policy_version=batch.policy_version,
         )
-        return data.to(str(self._device)) if self._device.type != "cpu" else data
 
-    def _log_probs(self, model: Any, data: Any, *, with_entropy: bool = False) -> tuple[Any, Any]:
-        """(N, R) padded log-probs (and entropy) of ``data`` via veRL's no-padding layout."""
+    def _padded(self, nested: Any, td: Any) -> Any:
         padding = importlib.import_module("verl.workers.utils.padding")
-        td = verl_batch.micro_tensordict(data, batch_num_tokens=1.0, global_batch_size=len(data))
-        lp, ent = verl_batch.sequence_log_probs(
-            model, td, temperature=self._config.temperature, with_entropy=with_entropy
-        )
-        return padding.no_padding_2_padding(lp, td), (
-            padding.no_padding_2_padding(ent, td) if ent is not None else None
-        )
+        return padding.no_padding_2_padding(nested, td).detach().float().cpu()
 
     def prepare_rl(self, data: Any) -> None:
-        """Adds ``advantages``, ``old_log_probs``, ``rollout_is_weights`` (and ``ref_log_prob``)."""
-        import torch
-
+        """Adds ``advantages``, ``old_log_probs``, ``rollout_is_weights`` (and ``ref_log_prob``),
+        as ``ray_trainer`` does before ``update_actor``."""
         verl_batch.compute_advantages(
             self._core_algos,
             data,
@@ -279,64 +300,19 @@ class VerlBackend:
             norm_adv_by_std=self._config.norm_adv_by_std,
         )
         b = data.batch
-        with torch.no_grad():
-            b["old_log_probs"] = self._log_probs(self.model, data)[0].detach().float()
-            if self._ref is not None:
-                b["ref_log_prob"] = self._log_probs(self._ref, data)[0].detach().float()
-        mask = b["response_mask"].float()
+        td = verl_worker.log_prob_tensordict(data)
+        b["old_log_probs"] = self._padded(self.runner.compute_log_prob(td), td)
+        if self._config.kl_coef > 0:
+            td = verl_worker.log_prob_tensordict(data)
+            b["ref_log_prob"] = self._padded(self.runner.compute_ref_log_prob(td), td)
         weights, is_metrics = self._rollout_corr.compute_rollout_correction_weights(
             log_ratio=b["old_log_probs"] - b["rollout_log_probs"],
-            response_mask=mask,
+            response_mask=b["response_mask"].float(),
             rollout_is="token",
             rollout_is_threshold=self._config.is_cap,
         )
         b["rollout_is_weights"] = weights
         data.meta_info["is_metrics"] = {k: float(v) for k, v in is_metrics.items()}
-
-    def _mini_batches(self, n: int) -> list[list[int]]:
-        size = n // self._config.mini_batches
-        parts = [list(range(i * size, (i + 1) * size)) for i in range(self._config.mini_batches)]
-        parts[-1].extend(range(self._config.mini_batches * size, n))
-        return [p for p in parts if p]
-
-    def _micro_batches(self, data: Any, rows: Sequence[int]) -> list[list[int]]:
-        lengths = [int(x) for x in data.batch["attention_mask"].sum(dim=-1)]
-        return split_rows(lengths, rows, self._config.micro_batch_tokens)
-
-    def rl_loss(self, data: Any, rows: Sequence[int], *, backward: bool) -> tuple[float, dict[str, float]]:
-        """veRL's ``ppo_loss`` summed over the micro-batches of one mini-batch (``rows``).
-
-        Returns:
-            (loss, metrics): the mini-batch loss (the sum of the micro-batch shares, as veRL's
-            engine reports it) and token-weighted metrics.
-        """
-        mask = data.batch["response_mask"]
-        num_tokens = float(mask[list(rows)].sum())
-        with_entropy = self._config.entropy_coeff > 0
-        total = 0.0
-        sums: dict[str, float] = defaultdict(float)
-        weights: dict[str, float] = defaultdict(float)
-        for micro in self._micro_batches(data, rows):
-            sub = data.select_idxs(micro)
-            td = verl_batch.micro_tensordict(sub, batch_num_tokens=max(num_tokens, 1.0), global_batch_size=len(rows))
-            lp, ent = verl_batch.sequence_log_probs(
-                self.model, td, temperature=self._config.temperature, with_entropy=with_entropy
-            )
-            output = {"log_probs": lp} if ent is None else {"log_probs": lp, "entropy": ent}
-            loss, metrics = self._losses.ppo_loss(self._cfg, output, td)
-            if backward:
-                loss.backward()
-            total += float(loss.detach())
-            ntok = float(sub.batch["response_mask"].sum())
-            for k, v in metrics.items():
-                value, summed = _metric_value(v)
-                if summed:  # a share of the mini-batch value (veRL aggregates these with SUM)
-                    sums[k] += value
-                    weights[k] = 1.0
-                else:
-                    sums[k] += value * ntok
-                    weights[k] += ntok
-        return total, {k: sums[k] / weights[k] for k in sums if weights[k] > 0}
 
     # ---- protocol ----
 
@@ -345,83 +321,80 @@ class VerlBackend:
         started = time.perf_counter()
         data = self.to_dataproto(batch)
         self.prepare_rl(data)
-        losses: list[float] = []
-        norms: list[float] = []
-        sums: dict[str, float] = defaultdict(float)
-        count: dict[str, int] = defaultdict(int)
-        for _epoch in range(self._config.ppo_epochs):
-            for rows in self._mini_batches(len(data)):
-                self.optimizer.zero_grad(set_to_none=True)
-                loss, metrics = self.rl_loss(data, rows, backward=True)
-                norms.append(self._clip_and_step())
-                losses.append(loss)
-                for k, v in metrics.items():
-                    sums[k] += v
-                    count[k] += 1
-        out = {("actor/" + k.removeprefix("actor/")): sums[k] / count[k] for k in sums}
+        td = verl_worker.update_tensordict(
+            data,
+            mini_batch_size=len(data) // self._config.mini_batches,
+            epochs=self._config.ppo_epochs,
+            seed=self._config.seed,
+            calculate_entropy=bool(self._mapped["actor_rollout_ref"]["actor"]["calculate_entropy"]),
+        )
+        raw = self.runner.update_actor(td)
+        out = summarise(raw)
         out.update({"is/" + k.removeprefix("rollout_is_"): v for k, v in data.meta_info["is_metrics"].items()})
-        out["loss/total"] = sum(losses) / len(losses)
         out["loss/policy"] = out["loss/total"]
-        out["grad_norm"] = sum(norms) / len(norms)
-        out.update(self._throughput(batch, time.perf_counter() - started))
+        out.update(hf_common.throughput(batch, time.perf_counter() - started))
         return out
 
-    def sft_loss(self, data: Any, *, backward: bool) -> float:
-        """veRL's ``sft_loss`` (padded mode: ``-Σ mask·logp / batch_num_tokens``) over the batch."""
-        num_tokens = float(data.batch["response_mask"].sum())
-        total = 0.0
-        for micro in self._micro_batches(data, range(len(data))):
-            sub = data.select_idxs(micro)
-            td = verl_batch.micro_tensordict(sub, batch_num_tokens=max(num_tokens, 1.0), global_batch_size=len(data))
-            lp, _ = verl_batch.sequence_log_probs(
-                self.model, td, temperature=self._config.temperature, with_entropy=False
-            )
-            padding = importlib.import_module("verl.workers.utils.padding")
-            tu = importlib.import_module("verl.utils.tensordict_utils")
-            dataset_utils = importlib.import_module("verl.utils.dataset.dataset_utils")
-            tu.assign_non_tensor(td, pad_mode=dataset_utils.DatasetPadMode.LEFT_RIGHT)
-            loss, _ = self._losses.sft_loss(self._cfg, {"log_probs": padding.no_padding_2_padding(lp, td)}, td)
-            if backward:
-                loss.backward()
-            total += float(loss.detach())
-        return total
-
     def train_sft(self, batch: TrainBatch) -> dict[str, float]:
-        """One SFT step with veRL's ``sft_loss`` on the loss-mask tokens."""
+        """One SFT step: veRL's ``sft_loss`` on the loss-mask tokens, one optimizer update."""
         started = time.perf_counter()
         data = self.to_dataproto(batch)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.sft_loss(data, backward=True)
-        out = {"loss/sft": loss, "loss/total": loss, "grad_norm": self._clip_and_step()}
-        out.update(self._throughput(batch, time.perf_counter() - started))
+        out = summarise(self.runner.update_actor(verl_worker.sft_tensordict(data)))
+        out["loss/sft"] = out["loss/total"]
+        out.update(hf_common.throughput(batch, time.perf_counter() - started))
         return out
 
     def save_checkpoint(self, directory: Path) -> None:
-        """Writes ``model.safetensors`` (HF layout), config, tokenizer files and ``optimizer.pt``."""
-        hf_common.save_checkpoint(self.model, self.optimizer, self._model_dir, directory)
+        """veRL's checkpoint manager writes the HF model (moved to ``directory``: config,
+        ``model.safetensors``) and its optimizer/extra state (``directory/verl``); the model
+        directory's other files (tokenizer, chat template) are copied."""
+        state = directory / VERL_STATE_DIR
+        self.runner.save(state)
+        hf = state / "huggingface"
+        for path in sorted(hf.iterdir()):
+            shutil.move(str(path), str(directory / path.name))
+        hf.rmdir()
+        if self._model_dir is not None:
+            for path in sorted(self._model_dir.iterdir()):
+                own = path.suffix in (".safetensors", ".bin") or path.name in hf_common.MODEL_FILES
+                if path.is_file() and not own and not (directory / path.name).exists():
+                    shutil.copy2(path, directory / path.name)
 
     def close(self) -> None:
-        """Drops the model, reference and optimizer."""
-        self._model = None
-        self._ref = None
-        self._optimizer = None
-
-    # ---- helpers ----
-
-    def _clip_and_step(self) -> float:
-        max_norm = self._mapped["actor_rollout_ref"]["actor"]["optim"]["clip_grad"]
-        return hf_common.clip_and_step(self.model, self.optimizer, max_norm, "verl_backend.nonfinite_grad")
-
-    @staticmethod
-    def _throughput(batch: TrainBatch, seconds: float) -> dict[str, float]:
-        return hf_common.throughput(batch, seconds)
+        """Releases veRL's workers."""
+        if self._runner is not None:
+            self._runner.close()
+        self._runner = None
 
 
-def _metric_value(metric: Any) -> tuple[float, bool]:
-    """(value, aggregated-by-sum) of one entry of veRL's loss metrics (a ``Metric`` or a number)."""
-    values = getattr(metric, "values", None)
+def _floats(value: Any) -> list[float]:
+    """The numbers of one of veRL's metric entries (a number, a list, or a ``Metric``)."""
+    values = getattr(value, "values", None)
     if isinstance(values, list):
-        numbers = [float(x) for x in values]
-        value = sum(numbers) / len(numbers) if numbers else 0.0
-        return value, str(getattr(metric.aggregation, "value", metric.aggregation)).lower() == "sum"
-    return float(metric), False
+        return [float(x) for x in values]
+    if isinstance(value, (list, tuple)):
+        return [f for v in value for f in _floats(v)]
+    return [float(value)]
+
+
+def summarise(metrics: dict[str, Any]) -> dict[str, float]:
+    """veRL's ``train_mini_batch`` metrics (one entry per mini-batch update) → our metric names.
+
+    ``loss`` → ``loss/total`` (mean over the updates), ``grad_norm`` (mean), ``lr``; ``actor/*``
+    kept (mean); veRL's memory/MFU figures under ``perf/``.
+    """
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        numbers = _floats(value)
+        if not numbers:
+            continue
+        mean = sum(numbers) / len(numbers)
+        if key == "loss":
+            out["loss/total"] = mean
+        elif key in ("grad_norm", "lr"):
+            out[key] = mean
+        elif key == "mfu":
+            out["perf/mfu"] = mean
+        else:
+            out[key if "/" in key else "actor/" + key] = mean
+    return out

@@ -37,12 +37,9 @@ import sys
 import types
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from openforge_trainer.domain.samples import TrainSample
-
-if TYPE_CHECKING:
-    import torch
 
 #: Non-tensor columns that carry our ids.
 ID_COLUMNS: Final = ("sample_id", "rollout_id", "task_id")
@@ -193,47 +190,3 @@ def compute_advantages(core_algos: Any, data: Any, *, estimator: str, gamma: flo
         adv, ret = core_algos.get_adv_estimator_fn(estimator)(**kwargs, config=algo)
     batch["advantages"] = adv
     batch["returns"] = ret
-
-
-def sequence_log_probs(
-    model: Any, td: Any, *, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropy) in veRL's no-padding layout, what veRL's FSDP engine returns.
-
-    ``td`` is a TensorDict after ``left_right_2_no_padding``: ``input_ids`` and
-    ``position_ids`` are jagged (one row per sequence, padding removed). Entry t of a sequence is
-    ``log π(input_ids[t+1] | input_ids[..t])`` (labels rolled by one, as veRL's engine does;
-    the last entry of each sequence is never read by the loss). veRL's GPU engine packs all
-    sequences into one row with flash-attention varlen; here each sequence runs alone (same
-    attention pattern, no flash-attention on CPU).
-
-    Returns:
-        ``(log_probs, entropy)``: 1-D tensors of total_nnz entries (entropy None unless asked).
-    """
-    import torch
-
-    functional = importlib.import_module("verl.utils.torch_functional")
-    ids, pos = td["input_ids"], td["position_ids"]
-    logps: list[torch.Tensor] = []
-    ents: list[torch.Tensor] = []
-    for row_ids, row_pos in zip(ids.unbind(), pos.unbind(), strict=True):
-        out = model(input_ids=row_ids.unsqueeze(0), position_ids=row_pos.unsqueeze(0), use_cache=False)
-        logits = out.logits[0]
-        if temperature != 1.0:
-            logits = logits / temperature
-        labels = torch.roll(row_ids, shifts=-1, dims=0)
-        logps.append(functional.logprobs_from_logits(logits, labels))
-        if with_entropy:
-            ents.append(functional.entropy_from_logits(logits))
-    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
-
-
-def micro_tensordict(data: Any, *, batch_num_tokens: float, global_batch_size: int) -> Any:
-    """One micro-batch as veRL's actor receives it: ``to_tensordict`` + ``left_right_2_no_padding``
-    + the loss-normalisation entries the engine adds (``dp_size``, ``batch_num_tokens``,
-    ``global_batch_size``) for the whole mini-batch."""
-    padding = importlib.import_module("verl.workers.utils.padding")
-    tu = importlib.import_module("verl.utils.tensordict_utils")
-    td = padding.left_right_2_no_padding(data.to_tensordict())
-    tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size)
-    return td

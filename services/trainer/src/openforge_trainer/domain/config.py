@@ -39,6 +39,24 @@ class SftConfig(_Section):
     source_run_id: str = ""
 
 
+class VerlConfig(_Section):
+    """Settings only the ``verl`` backend reads (mapping: ``services/trainer/VERL.md``).
+
+    Attributes:
+        distributed: Train with veRL's Ray worker group (one FSDP ``TrainingWorker`` per CUDA
+            GPU) instead of one worker in the trainer's process; needs ``device: cuda``.
+        n_gpus_per_node: GPUs per node of the worker group (veRL ``trainer.n_gpus_per_node``).
+        nnodes: Nodes of the worker group (veRL ``trainer.nnodes``; > 1 joins the running Ray
+            cluster).
+        strategy: veRL's FSDP engine (``fsdp2``: ``fully_shard``; ``fsdp``: FSDP1).
+    """
+
+    distributed: bool = False
+    n_gpus_per_node: int = Field(default=1, ge=1)
+    nnodes: int = Field(default=1, ge=1)
+    strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
+
+
 class RunConfig(_Section):
     """One training run.
 
@@ -50,6 +68,9 @@ class RunConfig(_Section):
         eval_split: Task set for evaluation (default: ``task_split``).
         eval_tasks: Task ids evaluated every ``eval_interval`` steps (empty: no evaluation).
         harness: Harness name (claude-code, codex, openclaw, mini-swe-agent, command).
+        command: Argv template of the ``command`` harness (``SubmitRolloutsRequest.command``,
+            placeholders ``{instruction}``, ``{openai_base_url}``, ``{api_key}``, ``{model}``...);
+            empty = the orchestrator's configured template. Ignored by the other harnesses.
         model_name: Model name written into the harness's config.
         group_size: Rollouts per task (the GRPO/RLOO group size n).
         groups_per_step: Completed groups per optimizer step.
@@ -71,8 +92,16 @@ class RunConfig(_Section):
         ppo_epochs: Passes over each batch.
         mini_batches: Optimizer steps per pass (the batch is split into this many parts).
         micro_batch_tokens: Padded tokens per forward/backward (gradient accumulation).
-        temperature: Sampling temperature of the rollouts; logits are divided by it before the
-            logprobs are taken, as the engine reports behaviour logprobs after temperature.
+        temperature: Sampling temperature of the rollouts, sent with every ``SubmitRollouts``
+            (``sampling.temperature``) so the proxy enforces it on each model call whatever the
+            harness asks for; the trainer divides logits by it before taking logprobs, as the
+            engine reports behaviour logprobs after temperature. (No top-p/top-k: the trainer's
+            logprobs are over the full vocabulary, as the behaviour logprobs then are.)
+        max_tokens: Most tokens sampled per model call, enforced by the proxy
+            (``sampling.max_tokens``; 0 = what the harness asks for, capped by the proxy).
+        max_turns: Most model calls per rollout, enforced by the proxy session (0 = no limit).
+        max_total_tokens: Most prompt + sampled tokens over a rollout's calls, enforced by the
+            proxy session (0 = no limit).
         gamma: Discount of REINFORCE++ returns.
         norm_adv_by_std: GRPO divides by the group's reward std (False: Dr. GRPO).
         steps: Optimizer steps of the run.
@@ -84,6 +113,7 @@ class RunConfig(_Section):
         backend: Trainer backend name (``torch``).
         device: Torch device of the backend (``cpu``, ``cuda``, ``cuda:1``).
         sft: Rejection-sampling fine-tuning settings (mode ``sft``).
+        verl: Settings of the ``verl`` backend (worker group size, FSDP engine).
     """
 
     model: str
@@ -93,6 +123,7 @@ class RunConfig(_Section):
     eval_split: str = ""
     eval_tasks: list[str] = Field(default_factory=list)
     harness: str = "command"
+    command: list[str] = Field(default_factory=list)
     model_name: str = "policy"
     group_size: int = Field(default=4, ge=1)
     groups_per_step: int = Field(default=1, ge=1)
@@ -113,7 +144,10 @@ class RunConfig(_Section):
     ppo_epochs: int = Field(default=1, ge=1)
     mini_batches: int = Field(default=1, ge=1)
     micro_batch_tokens: int = Field(default=16384, ge=1)
-    temperature: float = Field(default=1.0, gt=0)
+    temperature: float = Field(default=1.0, gt=0, le=2)
+    max_tokens: int = Field(default=0, ge=0)
+    max_turns: int = Field(default=0, ge=0)
+    max_total_tokens: int = Field(default=0, ge=0)
     gamma: float = Field(default=1.0, gt=0, le=1)
     norm_adv_by_std: bool = True
     steps: int = Field(default=1, ge=1)
@@ -125,6 +159,7 @@ class RunConfig(_Section):
     backend: str = "torch"
     device: str = "cpu"
     sft: SftConfig = SftConfig()
+    verl: VerlConfig = VerlConfig()
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

@@ -283,6 +283,11 @@ class TrainingLoop:
             model_name=cfg.model_name,
             min_policy_version=self.state.policy_version,
             timeout_s=cfg.rollout_timeout_s,
+            temperature=cfg.temperature,
+            max_tokens=cfg.max_tokens,
+            max_turns=cfg.max_turns,
+            max_total_tokens=cfg.max_total_tokens,
+            command=tuple(cfg.command),
         )
 
     async def _submit_ahead(self) -> None:

@@ -25,6 +25,11 @@ class RolloutRequest:
         model_name: Model name for the harness's config.
         min_policy_version: Calls must be served with at least this policy version.
         timeout_s: Overrides the task timeout when > 0, seconds.
+        temperature: Sampling temperature the proxy enforces on every call of the rollouts.
+        max_tokens: Most tokens sampled per call, enforced by the proxy (0 = not enforced).
+        max_turns: Most model calls per rollout (0 = no limit).
+        max_total_tokens: Most prompt + sampled tokens per rollout (0 = no limit).
+        command: Argv template of the ``command`` harness (empty = the orchestrator's).
     """
 
     request_id: str
@@ -36,6 +41,11 @@ class RolloutRequest:
     model_name: str
     min_policy_version: int
     timeout_s: float = 0.0
+    temperature: float = 1.0
+    max_tokens: int = 0
+    max_turns: int = 0
+    max_total_tokens: int = 0
+    command: tuple[str, ...] = ()
 
 
 class RolloutSubmitter(Protocol):
