@@ -135,6 +135,32 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
             n = await asyncio.to_thread(export.write_jsonl, path, rows)
         return trajectory_pb2.ExportResponse(path=str(path), rows=n)
 
+    async def ListRuns(
+        self, request: trajectory_pb2.ListRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> trajectory_pb2.ListRunsResponse:
+        """A page of runs with manifests and counts, newest first. Errors: INVALID_ARGUMENT (page token/size)."""
+        runs, token = await asyncio.to_thread(self._repo.list_runs, request.page_size, request.page_token)
+        return trajectory_pb2.ListRunsResponse(runs=runs, next_page_token=token)
+
+    async def GetRun(
+        self, request: trajectory_pb2.GetRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> trajectory_pb2.GetRunResponse:
+        """One run with its manifest and counts. Errors: NOT_FOUND."""
+        if not request.run_id:
+            raise InvalidArgument.field("run_id", "a run id is required")
+        return trajectory_pb2.GetRunResponse(run=await asyncio.to_thread(self._repo.run_summary, request.run_id))
+
+    async def ListStepMetrics(
+        self, request: trajectory_pb2.ListStepMetricsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> trajectory_pb2.ListStepMetricsResponse:
+        """A page of a run's step metrics in step order. Errors: NOT_FOUND (run); INVALID_ARGUMENT."""
+        if not request.run_id:
+            raise InvalidArgument.field("run_id", "a run id is required")
+        steps, token = await asyncio.to_thread(
+            self._repo.step_metrics_page, request.run_id, request.page_size, request.page_token
+        )
+        return trajectory_pb2.ListStepMetricsResponse(steps=steps, next_page_token=token)
+
     def _export_rows(self, run_id: str, include_requests: bool) -> list[dict[str, object]]:
         items = self._repo.run_samples(run_id)
         requests: dict[str, dict[str, object]] | None = None

@@ -212,3 +212,66 @@ def test_trainer_step_metrics_are_kept_per_step(repo: SqlRepository) -> None:
     got = repo.step_metrics("run")
     assert [(m.step, m.metrics["reward/mean"]) for m in got] == [(1, 0.25), (2, 0.5)]
     assert repo.step_metrics("other") == []
+
+
+def test_runs_are_listed_newest_first_with_manifest_and_counts(repo: SqlRepository) -> None:
+    from openforge.trainer.v1 import events_pb2 as trainer_events
+
+    r0, r1 = _group(repo)  # run "run": rollouts created at 1 s
+    repo.ingest([_finish(r0, 1.0, 3), _finish(r1, 0.0, 3)])
+    other = make_rollout("o0", group_id="g2", run_id="older", task_id="t2")
+    other.create_time.FromNanoseconds(500_000_000)
+    repo.ingest([submitted(other, event_id="sub/2")])
+    manifest = common_pb2.RunManifest(run_id="registered", harness="codex", model="models/tiny")
+    repo.ingest([("run/registered", orch.RunRegistered(event_id="run/registered", manifest=manifest))])
+    step = trainer_events.StepCompleted(event_id="step/run/1", run_id="run", step=1, policy_version=3)
+    repo.ingest([("step/run/1", step)])
+
+    runs, token = repo.list_runs(0, "")
+    assert token == ""
+    # "registered" was seen at the store's clock (now), the others at their first rollout.
+    assert [r.run_id for r in runs] == ["registered", "run", "older"]
+    reg, run, older = runs
+    assert reg.manifest == manifest and reg.rollouts == 0 and not reg.HasField("mean_reward")
+    assert (run.rollouts, run.finished_rollouts, run.tasks, run.steps, run.last_policy_version) == (2, 2, 1, 1, 3)
+    assert run.mean_reward == pytest.approx(0.5)
+    assert not run.HasField("manifest")
+    assert run.create_time.ToNanoseconds() == 1_000_000_000
+    assert (older.rollouts, older.finished_rollouts) == (1, 0)
+
+    first, token = repo.list_runs(2, "")
+    assert [r.run_id for r in first] == ["registered", "run"] and token
+    rest, last = repo.list_runs(2, token)
+    assert [r.run_id for r in rest] == ["older"] and last == ""
+    assert repo.run_summary("run") == run
+    with pytest.raises(NotFound):
+        repo.run_summary("nope")
+    with pytest.raises(InvalidArgument):
+        repo.list_runs(0, "not-a-token")
+    with pytest.raises(InvalidArgument):
+        repo.list_runs(-1, "")
+
+
+def test_step_metrics_are_paged_in_step_order(repo: SqlRepository) -> None:
+    from openforge.trainer.v1 import events_pb2 as trainer_events
+
+    events = []
+    for n in (3, 1, 2):
+        ev = trainer_events.StepCompleted(
+            event_id=f"step/run/{n}", run_id="run", step=n, policy_version=n + 1, metrics={"reward/mean": n / 10}
+        )
+        ev.time.FromSeconds(100 + n)
+        events.append((ev.event_id, ev))
+    repo.ingest(events)
+    page, token = repo.step_metrics_page("run", 2, "")
+    assert [(s.step, s.policy_version, s.metrics["reward/mean"]) for s in page] == [(1, 2, 0.1), (2, 3, 0.2)]
+    assert page[0].time.seconds == 101
+    rest, last = repo.step_metrics_page("run", 2, token)
+    assert [s.step for s in rest] == [3] and last == ""
+    # A run known only by its step metrics is listed, seen when its first step finished.
+    [run], _ = repo.list_runs(0, "")
+    assert (run.run_id, run.steps, run.create_time.seconds) == ("run", 3, 101)
+    with pytest.raises(NotFound):
+        repo.step_metrics_page("nope", 0, "")
+    with pytest.raises(InvalidArgument):
+        repo.step_metrics_page("run", 0, "s:x")

@@ -233,3 +233,62 @@ def test_malformed_and_invalid_events_are_dead_lettered(
         time.sleep(0.05)
     assert _count(dsn) == 1
     assert store.stop() == 0
+
+
+def test_runs_and_step_metrics_over_grpc(nats_server_fn: NatsServer, service_process: ServiceFactory, dsn: str) -> None:
+    from openforge.orchestrator.v1 import events_pb2 as orch
+    from openforge.trainer.v1 import events_pb2 as trainer_events
+
+    url = nats_server_fn.url
+    store = _store(service_process, url, dsn)
+    manifest = common_pb2.RunManifest(run_id="run", harness="mini-swe-agent", model="models/tiny")
+    events: list[tuple[str, str, Any]] = [
+        (
+            subject_for("orchestrator", "run_registered"),
+            "run/run",
+            orch.RunRegistered(event_id="run/run", manifest=manifest),
+        ),
+        (ROLLOUTS_SUBMITTED, *submitted(make_rollout("r0"))),
+    ]
+    for n in (1, 2, 3):
+        ev = trainer_events.StepCompleted(event_id=f"step/run/{n}", run_id="run", step=n, policy_version=n)
+        ev.metrics["reward/mean"] = n / 4
+        events.append((subject_for("trainer", "step_completed"), ev.event_id, ev))
+    asyncio.run(_publish(url, events))
+
+    async def reads() -> None:
+        async with grpc.aio.insecure_channel(store.address) as ch:
+            stub = trajectory_pb2_grpc.TrajectoryServiceStub(ch)
+            for _ in range(300):
+                run = (await stub.ListRuns(trajectory_pb2.ListRunsRequest())).runs
+                if run and run[0].steps == 3:
+                    break
+                await asyncio.sleep(0.1)
+            [summary] = run
+            assert (summary.run_id, summary.manifest, summary.rollouts, summary.last_policy_version) == (
+                "run",
+                manifest,
+                1,
+                3,
+            )
+            assert (await stub.GetRun(trajectory_pb2.GetRunRequest(run_id="run"))).run == summary
+            first = await stub.ListStepMetrics(trajectory_pb2.ListStepMetricsRequest(run_id="run", page_size=2))
+            rest = await stub.ListStepMetrics(
+                trajectory_pb2.ListStepMetricsRequest(run_id="run", page_token=first.next_page_token)
+            )
+            assert [s.metrics["reward/mean"] for s in [*first.steps, *rest.steps]] == [0.25, 0.5, 0.75]
+            assert rest.next_page_token == ""
+            for call, code in (
+                (stub.GetRun(trajectory_pb2.GetRunRequest(run_id="nope")), grpc.StatusCode.NOT_FOUND),
+                (stub.GetRun(trajectory_pb2.GetRunRequest()), grpc.StatusCode.INVALID_ARGUMENT),
+                (stub.ListRuns(trajectory_pb2.ListRunsRequest(page_token="x")), grpc.StatusCode.INVALID_ARGUMENT),
+                (
+                    stub.ListStepMetrics(trajectory_pb2.ListStepMetricsRequest(run_id="nope")),
+                    grpc.StatusCode.NOT_FOUND,
+                ),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await call
+                assert err.value.code() == code
+
+    asyncio.run(reads())

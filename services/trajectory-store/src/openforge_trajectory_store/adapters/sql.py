@@ -44,7 +44,15 @@ from openforge.trajectory.v1 import trajectory_pb2
 from openforge_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from openforge_trajectory_store.domain import tokens, wire
 from openforge_trajectory_store.domain.assembly import assemble
-from openforge_trajectory_store.domain.query import PageCursor, RolloutFilter, page_size, status_rank
+from openforge_trajectory_store.domain.query import (
+    PageCursor,
+    RolloutFilter,
+    RunCursor,
+    page_size,
+    status_rank,
+    step_cursor_decode,
+    step_cursor_encode,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -568,6 +576,106 @@ class SqlRepository:
         with self._lock:
             rows = self._x("SELECT data FROM step_metrics WHERE run_id = ? ORDER BY step", (run_id,)).fetchall()
         return [trainer_events.StepCompleted.FromString(bytes(r[0])) for r in rows]
+
+    def list_runs(self, size: int, token: str) -> tuple[list[trajectory_pb2.RunSummary], str]:
+        """A page of runs, newest first (by when the store first saw them), and the next page token.
+
+        A run is known once registered (``RunRegistered``), or once it has a rollout or a step metric.
+
+        Raises:
+            InvalidArgument: Negative size or malformed token.
+        """
+        limit = page_size(size)
+        cursor = RunCursor.decode(token) if token else None
+        with self._lock:
+            seen = self._first_seen()
+            order = sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))
+            if cursor is not None:
+                order = [(rid, t) for rid, t in order if cursor.after(t, rid)]
+            page = order[: limit + 1]
+            runs = [self._summary(rid, t) for rid, t in page[:limit]]
+        next_token = RunCursor(page[limit - 1][1], page[limit - 1][0]).encode() if len(page) > limit else ""
+        return runs, next_token
+
+    def run_summary(self, run_id: str) -> trajectory_pb2.RunSummary:
+        """One run's manifest and counts.
+
+        Raises:
+            NotFound: The store knows nothing of the run.
+        """
+        with self._lock:
+            seen = self._first_seen(run_id)
+            if run_id not in seen:
+                raise NotFound(f"no run {run_id!r}", metadata={"run_id": run_id})
+            return self._summary(run_id, seen[run_id])
+
+    def step_metrics_page(self, run_id: str, size: int, token: str) -> tuple[list[trajectory_pb2.StepMetrics], str]:
+        """A page of a run's step metrics in step order, and the next page token ("" on the last page).
+
+        Raises:
+            InvalidArgument: Negative size or malformed token.
+            NotFound: The store knows nothing of the run.
+        """
+        limit = page_size(size)
+        after = step_cursor_decode(token)
+        with self._lock:
+            if run_id not in self._first_seen(run_id):
+                raise NotFound(f"no run {run_id!r}", metadata={"run_id": run_id})
+            rows = self._x(
+                "SELECT data FROM step_metrics WHERE run_id = ? AND step > ? ORDER BY step LIMIT ?",
+                (run_id, after, limit + 1),
+            ).fetchall()
+        steps = []
+        for (data,) in rows[:limit]:
+            ev = trainer_events.StepCompleted.FromString(bytes(data))
+            m = trajectory_pb2.StepMetrics(step=ev.step, policy_version=ev.policy_version, metrics=dict(ev.metrics))
+            if ev.HasField("time"):
+                m.time.CopyFrom(ev.time)
+            steps.append(m)
+        next_token = step_cursor_encode(steps[-1].step) if len(rows) > limit else ""
+        return steps, next_token
+
+    def _first_seen(self, run_id: str | None = None) -> dict[str, float]:
+        """run id → when the store first saw it, unix seconds (registration, first rollout, first step)."""
+        one = " WHERE run_id = ?" if run_id is not None else ""
+        params: tuple[Any, ...] = (run_id,) if run_id is not None else ()
+        seen: dict[str, float] = {}
+        for rid, t in self._x(f"SELECT run_id, create_time FROM runs{one}", params).fetchall():
+            seen[rid] = float(t)
+        for rid, t in self._x(f"SELECT run_id, MIN(create_time) FROM rollouts{one} GROUP BY run_id", params).fetchall():
+            if rid not in seen:
+                seen[rid] = int(t) / 1e9
+        for rid, data in self._x(f"SELECT run_id, data FROM step_metrics{one} ORDER BY step", params).fetchall():
+            if rid not in seen:
+                seen[rid] = trainer_events.StepCompleted.FromString(bytes(data)).time.ToNanoseconds() / 1e9
+        return seen
+
+    def _summary(self, run_id: str, first_seen_s: float) -> trajectory_pb2.RunSummary:
+        terminal = [int(common_pb2.ROLLOUT_STATUS_SUCCEEDED), int(common_pb2.ROLLOUT_STATUS_FAILED)]
+        terminal += [int(common_pb2.ROLLOUT_STATUS_TIMED_OUT), int(common_pb2.ROLLOUT_STATUS_CANCELLED)]
+        n, done, mean, rewarded, tasks = self._x(
+            "SELECT COUNT(*), COALESCE(SUM(CASE WHEN status IN (?, ?, ?, ?) THEN 1 ELSE 0 END), 0),"
+            " AVG(reward), COUNT(reward), COUNT(DISTINCT task_id) FROM rollouts WHERE run_id = ?",
+            (*terminal, run_id),
+        ).fetchone()
+        steps, last_version = self._x(
+            "SELECT COUNT(*), COALESCE(MAX(policy_version), 0) FROM step_metrics WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        row = self._x("SELECT manifest FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        out = trajectory_pb2.RunSummary(
+            run_id=run_id,
+            rollouts=int(n),
+            finished_rollouts=int(done),
+            tasks=int(tasks),
+            steps=int(steps),
+            last_policy_version=int(last_version),
+        )
+        if row is not None and row[0] is not None:
+            out.manifest.ParseFromString(bytes(row[0]))
+        if int(rewarded):
+            out.mean_reward = float(mean)
+        out.create_time.FromNanoseconds(int(first_seen_s * 1e9))
+        return out
 
     def run_manifest(self, run_id: str) -> common_pb2.RunManifest | None:
         """The run's manifest, if one was registered."""

@@ -1,4 +1,4 @@
-"""ListRollouts filters and keyset page tokens."""
+"""ListRollouts filters, and the keyset page tokens of ListRollouts, ListRuns and ListStepMetrics."""
 
 from __future__ import annotations
 
@@ -49,6 +49,56 @@ class PageCursor:
         except (ValueError, TypeError, UnicodeDecodeError):
             raise InvalidArgument.field("page_token", "malformed page token") from None
         return PageCursor(ct, rid)
+
+
+@dataclass(frozen=True)
+class RunCursor:
+    """Position after the last run of a ListRuns page (newest first: first-seen time desc, id asc)."""
+
+    first_seen_s: float
+    run_id: str
+
+    def encode(self) -> str:
+        raw = json.dumps(["run", self.first_seen_s, self.run_id]).encode()
+        return base64.urlsafe_b64encode(raw).decode()
+
+    @staticmethod
+    def decode(token: str) -> RunCursor:
+        """Parses a ListRuns page token.
+
+        Raises:
+            InvalidArgument: The token is not one this store issued for ListRuns.
+        """
+        try:
+            kind, t, rid = json.loads(base64.urlsafe_b64decode(token.encode()))
+            if kind != "run" or not isinstance(t, int | float) or not isinstance(rid, str):
+                raise ValueError
+        except (ValueError, TypeError, UnicodeDecodeError):
+            raise InvalidArgument.field("page_token", "malformed page token") from None
+        return RunCursor(float(t), rid)
+
+    def after(self, first_seen_s: float, run_id: str) -> bool:
+        """Whether a run sorts after this cursor in newest-first order."""
+        return first_seen_s < self.first_seen_s or (first_seen_s == self.first_seen_s and run_id > self.run_id)
+
+
+def step_cursor_encode(step: int) -> str:
+    """The ListStepMetrics page token after ``step``."""
+    return f"s:{step}"
+
+
+def step_cursor_decode(token: str) -> int:
+    """The last step of the previous ListStepMetrics page; 0 for "".
+
+    Raises:
+        InvalidArgument: The token is not one this store issued for ListStepMetrics.
+    """
+    if not token:
+        return 0
+    body = token.removeprefix("s:")
+    if body == token or not body.isdigit():
+        raise InvalidArgument.field("page_token", "malformed page token")
+    return int(body)
 
 
 def page_size(requested: int) -> int:

@@ -22,44 +22,65 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from openforge.common.v1 import common_pb2 as openforge_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(openforge/trajectory/v1/trajectory.proto\x12\x17openforge.trajectory.v1\x1a openforge/common/v1/common.proto\"\xb9\x02\n\x06Sample\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x12\n\nrollout_id\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12\x1a\n\x12response_token_ids\x18\x05 \x03(\x05\x12\x11\n\tloss_mask\x18\x06 \x03(\x05\x12\x18\n\x10rollout_logprobs\x18\x07 \x03(\x02\x12\x17\n\x0fpolicy_versions\x18\x08 \x03(\x03\x12\x34\n\x0b\x62reak_cause\x18\t \x01(\x0e\x32\x1f.openforge.common.v1.BreakCause\x12\x10\n\x08\x63\x61ll_ids\x18\n \x03(\t\x12\x0e\n\x06reward\x18\x0b \x01(\x01\x12\x0f\n\x07partial\x18\x0c \x01(\x08\x12\x14\n\x0c\x62reak_detail\x18\r \x01(\t\"\'\n\x11GetRolloutRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\"C\n\x12GetRolloutResponse\x12-\n\x07rollout\x18\x01 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout\"\xe1\x01\n\x13ListRolloutsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x32\n\x06status\x18\x03 \x01(\x0e\x32\".openforge.common.v1.RolloutStatus\x12\x17\n\nmin_reward\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nmax_reward\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\tB\r\n\x0b_min_rewardB\r\n\x0b_max_reward\"_\n\x14ListRolloutsResponse\x12.\n\x08rollouts\x18\x01 \x03(\x0b\x32\x1c.openforge.common.v1.Rollout\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"%\n\x0fGetCallsRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\"B\n\x10GetCallsResponse\x12.\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x1f.openforge.common.v1.CallRecord\"\'\n\x11GetSamplesRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\"F\n\x12GetSamplesResponse\x12\x30\n\x07samples\x18\x01 \x03(\x0b\x32\x1f.openforge.trajectory.v1.Sample\"=\n\x1bWatchCompletedGroupsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\t\"\xb3\x01\n\x1cWatchCompletedGroupsResponse\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12.\n\x08rollouts\x18\x03 \x03(\x0b\x32\x1c.openforge.common.v1.Rollout\x12\x30\n\x07samples\x18\x04 \x03(\x0b\x32\x1f.openforge.trajectory.v1.Sample\x12\x0e\n\x06\x63ursor\x18\x05 \x01(\t\"~\n\rExportRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x35\n\x06\x66ormat\x18\x02 \x01(\x0e\x32%.openforge.trajectory.v1.ExportFormat\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x18\n\x10include_requests\x18\x04 \x01(\x08\",\n\x0e\x45xportResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x03*a\n\x0c\x45xportFormat\x12\x1d\n\x19\x45XPORT_FORMAT_UNSPECIFIED\x10\x00\x12\x19\n\x15\x45XPORT_FORMAT_PARQUET\x10\x01\x12\x17\n\x13\x45XPORT_FORMAT_JSONL\x10\x02\x32\x92\x05\n\x11TrajectoryService\x12\x65\n\nGetRollout\x12*.openforge.trajectory.v1.GetRolloutRequest\x1a+.openforge.trajectory.v1.GetRolloutResponse\x12k\n\x0cListRollouts\x12,.openforge.trajectory.v1.ListRolloutsRequest\x1a-.openforge.trajectory.v1.ListRolloutsResponse\x12_\n\x08GetCalls\x12(.openforge.trajectory.v1.GetCallsRequest\x1a).openforge.trajectory.v1.GetCallsResponse\x12\x65\n\nGetSamples\x12*.openforge.trajectory.v1.GetSamplesRequest\x1a+.openforge.trajectory.v1.GetSamplesResponse\x12\x85\x01\n\x14WatchCompletedGroups\x12\x34.openforge.trajectory.v1.WatchCompletedGroupsRequest\x1a\x35.openforge.trajectory.v1.WatchCompletedGroupsResponse0\x01\x12Y\n\x06\x45xport\x12&.openforge.trajectory.v1.ExportRequest\x1a\'.openforge.trajectory.v1.ExportResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(openforge/trajectory/v1/trajectory.proto\x12\x17openforge.trajectory.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a openforge/common/v1/common.proto\"\xb9\x02\n\x06Sample\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x12\n\nrollout_id\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12\x1a\n\x12response_token_ids\x18\x05 \x03(\x05\x12\x11\n\tloss_mask\x18\x06 \x03(\x05\x12\x18\n\x10rollout_logprobs\x18\x07 \x03(\x02\x12\x17\n\x0fpolicy_versions\x18\x08 \x03(\x03\x12\x34\n\x0b\x62reak_cause\x18\t \x01(\x0e\x32\x1f.openforge.common.v1.BreakCause\x12\x10\n\x08\x63\x61ll_ids\x18\n \x03(\t\x12\x0e\n\x06reward\x18\x0b \x01(\x01\x12\x0f\n\x07partial\x18\x0c \x01(\x08\x12\x14\n\x0c\x62reak_detail\x18\r \x01(\t\"\'\n\x11GetRolloutRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\"C\n\x12GetRolloutResponse\x12-\n\x07rollout\x18\x01 \x01(\x0b\x32\x1c.openforge.common.v1.Rollout\"\xe1\x01\n\x13ListRolloutsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x32\n\x06status\x18\x03 \x01(\x0e\x32\".openforge.common.v1.RolloutStatus\x12\x17\n\nmin_reward\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nmax_reward\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\tB\r\n\x0b_min_rewardB\r\n\x0b_max_reward\"_\n\x14ListRolloutsResponse\x12.\n\x08rollouts\x18\x01 \x03(\x0b\x32\x1c.openforge.common.v1.Rollout\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"%\n\x0fGetCallsRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\"B\n\x10GetCallsResponse\x12.\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x1f.openforge.common.v1.CallRecord\"\'\n\x11GetSamplesRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\"F\n\x12GetSamplesResponse\x12\x30\n\x07samples\x18\x01 \x03(\x0b\x32\x1f.openforge.trajectory.v1.Sample\"=\n\x1bWatchCompletedGroupsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\t\"\xb3\x01\n\x1cWatchCompletedGroupsResponse\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12.\n\x08rollouts\x18\x03 \x03(\x0b\x32\x1c.openforge.common.v1.Rollout\x12\x30\n\x07samples\x18\x04 \x03(\x0b\x32\x1f.openforge.trajectory.v1.Sample\x12\x0e\n\x06\x63ursor\x18\x05 \x01(\t\"~\n\rExportRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x35\n\x06\x66ormat\x18\x02 \x01(\x0e\x32%.openforge.trajectory.v1.ExportFormat\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x18\n\x10include_requests\x18\x04 \x01(\x08\",\n\x0e\x45xportResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x03\"\x93\x02\n\nRunSummary\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x32\n\x08manifest\x18\x02 \x01(\x0b\x32 .openforge.common.v1.RunManifest\x12/\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08rollouts\x18\x04 \x01(\x03\x12\x19\n\x11\x66inished_rollouts\x18\x05 \x01(\x03\x12\x18\n\x0bmean_reward\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05tasks\x18\x07 \x01(\x03\x12\r\n\x05steps\x18\x08 \x01(\x03\x12\x1b\n\x13last_policy_version\x18\t \x01(\x03\x42\x0e\n\x0c_mean_reward\"8\n\x0fListRunsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"^\n\x10ListRunsResponse\x12\x31\n\x04runs\x18\x01 \x03(\x0b\x32#.openforge.trajectory.v1.RunSummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"B\n\x0eGetRunResponse\x12\x30\n\x03run\x18\x01 \x01(\x0b\x32#.openforge.trajectory.v1.RunSummary\"\xd1\x01\n\x0bStepMetrics\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x42\n\x07metrics\x18\x03 \x03(\x0b\x32\x31.openforge.trajectory.v1.StepMetrics.MetricsEntry\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"O\n\x16ListStepMetricsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"g\n\x17ListStepMetricsResponse\x12\x33\n\x05steps\x18\x01 \x03(\x0b\x32$.openforge.trajectory.v1.StepMetrics\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*a\n\x0c\x45xportFormat\x12\x1d\n\x19\x45XPORT_FORMAT_UNSPECIFIED\x10\x00\x12\x19\n\x15\x45XPORT_FORMAT_PARQUET\x10\x01\x12\x17\n\x13\x45XPORT_FORMAT_JSONL\x10\x02\x32\xc4\x07\n\x11TrajectoryService\x12\x65\n\nGetRollout\x12*.openforge.trajectory.v1.GetRolloutRequest\x1a+.openforge.trajectory.v1.GetRolloutResponse\x12k\n\x0cListRollouts\x12,.openforge.trajectory.v1.ListRolloutsRequest\x1a-.openforge.trajectory.v1.ListRolloutsResponse\x12_\n\x08GetCalls\x12(.openforge.trajectory.v1.GetCallsRequest\x1a).openforge.trajectory.v1.GetCallsResponse\x12\x65\n\nGetSamples\x12*.openforge.trajectory.v1.GetSamplesRequest\x1a+.openforge.trajectory.v1.GetSamplesResponse\x12\x85\x01\n\x14WatchCompletedGroups\x12\x34.openforge.trajectory.v1.WatchCompletedGroupsRequest\x1a\x35.openforge.trajectory.v1.WatchCompletedGroupsResponse0\x01\x12Y\n\x06\x45xport\x12&.openforge.trajectory.v1.ExportRequest\x1a\'.openforge.trajectory.v1.ExportResponse\x12_\n\x08ListRuns\x12(.openforge.trajectory.v1.ListRunsRequest\x1a).openforge.trajectory.v1.ListRunsResponse\x12Y\n\x06GetRun\x12&.openforge.trajectory.v1.GetRunRequest\x1a\'.openforge.trajectory.v1.GetRunResponse\x12t\n\x0fListStepMetrics\x12/.openforge.trajectory.v1.ListStepMetricsRequest\x1a\x30.openforge.trajectory.v1.ListStepMetricsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'openforge.trajectory.v1.trajectory_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EXPORTFORMAT']._serialized_start=1493
-  _globals['_EXPORTFORMAT']._serialized_end=1590
-  _globals['_SAMPLE']._serialized_start=104
-  _globals['_SAMPLE']._serialized_end=417
-  _globals['_GETROLLOUTREQUEST']._serialized_start=419
-  _globals['_GETROLLOUTREQUEST']._serialized_end=458
-  _globals['_GETROLLOUTRESPONSE']._serialized_start=460
-  _globals['_GETROLLOUTRESPONSE']._serialized_end=527
-  _globals['_LISTROLLOUTSREQUEST']._serialized_start=530
-  _globals['_LISTROLLOUTSREQUEST']._serialized_end=755
-  _globals['_LISTROLLOUTSRESPONSE']._serialized_start=757
-  _globals['_LISTROLLOUTSRESPONSE']._serialized_end=852
-  _globals['_GETCALLSREQUEST']._serialized_start=854
-  _globals['_GETCALLSREQUEST']._serialized_end=891
-  _globals['_GETCALLSRESPONSE']._serialized_start=893
-  _globals['_GETCALLSRESPONSE']._serialized_end=959
-  _globals['_GETSAMPLESREQUEST']._serialized_start=961
-  _globals['_GETSAMPLESREQUEST']._serialized_end=1000
-  _globals['_GETSAMPLESRESPONSE']._serialized_start=1002
-  _globals['_GETSAMPLESRESPONSE']._serialized_end=1072
-  _globals['_WATCHCOMPLETEDGROUPSREQUEST']._serialized_start=1074
-  _globals['_WATCHCOMPLETEDGROUPSREQUEST']._serialized_end=1135
-  _globals['_WATCHCOMPLETEDGROUPSRESPONSE']._serialized_start=1138
-  _globals['_WATCHCOMPLETEDGROUPSRESPONSE']._serialized_end=1317
-  _globals['_EXPORTREQUEST']._serialized_start=1319
-  _globals['_EXPORTREQUEST']._serialized_end=1445
-  _globals['_EXPORTRESPONSE']._serialized_start=1447
-  _globals['_EXPORTRESPONSE']._serialized_end=1491
-  _globals['_TRAJECTORYSERVICE']._serialized_start=1593
-  _globals['_TRAJECTORYSERVICE']._serialized_end=2251
+  _globals['_STEPMETRICS_METRICSENTRY']._loaded_options = None
+  _globals['_STEPMETRICS_METRICSENTRY']._serialized_options = b'8\001'
+  _globals['_EXPORTFORMAT']._serialized_start=2457
+  _globals['_EXPORTFORMAT']._serialized_end=2554
+  _globals['_SAMPLE']._serialized_start=137
+  _globals['_SAMPLE']._serialized_end=450
+  _globals['_GETROLLOUTREQUEST']._serialized_start=452
+  _globals['_GETROLLOUTREQUEST']._serialized_end=491
+  _globals['_GETROLLOUTRESPONSE']._serialized_start=493
+  _globals['_GETROLLOUTRESPONSE']._serialized_end=560
+  _globals['_LISTROLLOUTSREQUEST']._serialized_start=563
+  _globals['_LISTROLLOUTSREQUEST']._serialized_end=788
+  _globals['_LISTROLLOUTSRESPONSE']._serialized_start=790
+  _globals['_LISTROLLOUTSRESPONSE']._serialized_end=885
+  _globals['_GETCALLSREQUEST']._serialized_start=887
+  _globals['_GETCALLSREQUEST']._serialized_end=924
+  _globals['_GETCALLSRESPONSE']._serialized_start=926
+  _globals['_GETCALLSRESPONSE']._serialized_end=992
+  _globals['_GETSAMPLESREQUEST']._serialized_start=994
+  _globals['_GETSAMPLESREQUEST']._serialized_end=1033
+  _globals['_GETSAMPLESRESPONSE']._serialized_start=1035
+  _globals['_GETSAMPLESRESPONSE']._serialized_end=1105
+  _globals['_WATCHCOMPLETEDGROUPSREQUEST']._serialized_start=1107
+  _globals['_WATCHCOMPLETEDGROUPSREQUEST']._serialized_end=1168
+  _globals['_WATCHCOMPLETEDGROUPSRESPONSE']._serialized_start=1171
+  _globals['_WATCHCOMPLETEDGROUPSRESPONSE']._serialized_end=1350
+  _globals['_EXPORTREQUEST']._serialized_start=1352
+  _globals['_EXPORTREQUEST']._serialized_end=1478
+  _globals['_EXPORTRESPONSE']._serialized_start=1480
+  _globals['_EXPORTRESPONSE']._serialized_end=1524
+  _globals['_RUNSUMMARY']._serialized_start=1527
+  _globals['_RUNSUMMARY']._serialized_end=1802
+  _globals['_LISTRUNSREQUEST']._serialized_start=1804
+  _globals['_LISTRUNSREQUEST']._serialized_end=1860
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1862
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1956
+  _globals['_GETRUNREQUEST']._serialized_start=1958
+  _globals['_GETRUNREQUEST']._serialized_end=1989
+  _globals['_GETRUNRESPONSE']._serialized_start=1991
+  _globals['_GETRUNRESPONSE']._serialized_end=2057
+  _globals['_STEPMETRICS']._serialized_start=2060
+  _globals['_STEPMETRICS']._serialized_end=2269
+  _globals['_STEPMETRICS_METRICSENTRY']._serialized_start=2223
+  _globals['_STEPMETRICS_METRICSENTRY']._serialized_end=2269
+  _globals['_LISTSTEPMETRICSREQUEST']._serialized_start=2271
+  _globals['_LISTSTEPMETRICSREQUEST']._serialized_end=2350
+  _globals['_LISTSTEPMETRICSRESPONSE']._serialized_start=2352
+  _globals['_LISTSTEPMETRICSRESPONSE']._serialized_end=2455
+  _globals['_TRAJECTORYSERVICE']._serialized_start=2557
+  _globals['_TRAJECTORYSERVICE']._serialized_end=3521
 # @@protoc_insertion_point(module_scope)

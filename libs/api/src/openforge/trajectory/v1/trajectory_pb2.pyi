@@ -8,6 +8,7 @@ training samples, completed groups and exports.
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from openforge.common.v1 import common_pb2 as _common_pb2
@@ -478,3 +479,283 @@ class ExportResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExportResponse: _TypeAlias = ExportResponse  # noqa: Y015
+
+@_typing.final
+class RunSummary(_message.Message):
+    """A run as the store knows it: its manifest and what was recorded of it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    MANIFEST_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    ROLLOUTS_FIELD_NUMBER: _builtins.int
+    FINISHED_ROLLOUTS_FIELD_NUMBER: _builtins.int
+    MEAN_REWARD_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    LAST_POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run."""
+    rollouts: _builtins.int
+    """Rollouts recorded."""
+    finished_rollouts: _builtins.int
+    """Rollouts in a terminal status (succeeded, failed, timed out, cancelled)."""
+    mean_reward: _builtins.float
+    """Mean reward over the rollouts that have one; unset when none has."""
+    tasks: _builtins.int
+    """Distinct tasks among the rollouts."""
+    steps: _builtins.int
+    """Training steps with metrics recorded."""
+    last_policy_version: _builtins.int
+    """Highest policy version a recorded step produced (0 when none)."""
+    @_builtins.property
+    def manifest(self) -> _common_pb2.RunManifest:
+        """The manifest from RunRegistered; unset when the run was never registered."""
+
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the store first saw the run (its registration, else its first
+        rollout's create_time, else its first step).
+        """
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        manifest: _common_pb2.RunManifest | None = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        rollouts: _builtins.int = ...,
+        finished_rollouts: _builtins.int = ...,
+        mean_reward: _builtins.float | None = ...,
+        tasks: _builtins.int = ...,
+        steps: _builtins.int = ...,
+        last_policy_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_mean_reward", b"_mean_reward", "create_time", b"create_time", "manifest", b"manifest", "mean_reward", b"mean_reward"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mean_reward", b"_mean_reward", "create_time", b"create_time", "finished_rollouts", b"finished_rollouts", "last_policy_version", b"last_policy_version", "manifest", b"manifest", "mean_reward", b"mean_reward", "rollouts", b"rollouts", "run_id", b"run_id", "steps", b"steps", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__mean_reward: _TypeAlias = _typing.Literal["mean_reward"]  # noqa: Y015
+    _WhichOneofArgType__mean_reward: _TypeAlias = _typing.Literal["_mean_reward", b"_mean_reward"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__mean_reward) -> _WhichOneofReturnType__mean_reward | None: ...
+
+Global___RunSummary: _TypeAlias = RunSummary  # noqa: Y015
+
+@_typing.final
+class ListRunsRequest(_message.Message):
+    """List runs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """Page size; 0 = 100, at most 1000."""
+    page_token: _builtins.str
+    """Token from a previous response's next_page_token."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunsRequest: _TypeAlias = ListRunsRequest  # noqa: Y015
+
+@_typing.final
+class ListRunsResponse(_message.Message):
+    """A page of runs, newest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page."""
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunSummary]:
+        """The runs."""
+
+    def __init__(
+        self,
+        *,
+        runs: _abc.Iterable[Global___RunSummary] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunsResponse: _TypeAlias = ListRunsResponse  # noqa: Y015
+
+@_typing.final
+class GetRunRequest(_message.Message):
+    """Read one run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunRequest: _TypeAlias = GetRunRequest  # noqa: Y015
+
+@_typing.final
+class GetRunResponse(_message.Message):
+    """One run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> Global___RunSummary:
+        """The run."""
+
+    def __init__(
+        self,
+        *,
+        run: Global___RunSummary | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunResponse: _TypeAlias = GetRunResponse  # noqa: Y015
+
+@_typing.final
+class StepMetrics(_message.Message):
+    """The metrics of one training step, as the trainer's StepCompleted carried them."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetricsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    STEP_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    """The step (1-based)."""
+    policy_version: _builtins.int
+    """The policy version the step produced."""
+    @_builtins.property
+    def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Metric name -> value (e.g. "reward/mean", "loss/policy", "time/train_s"
+        in seconds).
+        """
+
+    @_builtins.property
+    def time(self) -> _timestamp_pb2.Timestamp:
+        """When the step finished."""
+
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        policy_version: _builtins.int = ...,
+        metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["time", b"time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["metrics", b"metrics", "policy_version", b"policy_version", "step", b"step", "time", b"time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepMetrics: _TypeAlias = StepMetrics  # noqa: Y015
+
+@_typing.final
+class ListStepMetricsRequest(_message.Message):
+    """Read a run's step metrics."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run."""
+    page_size: _builtins.int
+    """Page size; 0 = 100, at most 1000."""
+    page_token: _builtins.str
+    """Token from a previous response's next_page_token."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStepMetricsRequest: _TypeAlias = ListStepMetricsRequest  # noqa: Y015
+
+@_typing.final
+class ListStepMetricsResponse(_message.Message):
+    """A page of step metrics, in step order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEPS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page."""
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepMetrics]:
+        """The steps."""
+
+    def __init__(
+        self,
+        *,
+        steps: _abc.Iterable[Global___StepMetrics] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "steps", b"steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStepMetricsResponse: _TypeAlias = ListStepMetricsResponse  # noqa: Y015

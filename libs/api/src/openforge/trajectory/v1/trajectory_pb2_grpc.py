@@ -65,6 +65,21 @@ class TrajectoryServiceStub:
                 request_serializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ExportRequest.SerializeToString,
                 response_deserializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ExportResponse.FromString,
                 _registered_method=True)
+        self.ListRuns = channel.unary_unary(
+                '/openforge.trajectory.v1.TrajectoryService/ListRuns',
+                request_serializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ListRunsRequest.SerializeToString,
+                response_deserializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ListRunsResponse.FromString,
+                _registered_method=True)
+        self.GetRun = channel.unary_unary(
+                '/openforge.trajectory.v1.TrajectoryService/GetRun',
+                request_serializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.GetRunRequest.SerializeToString,
+                response_deserializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.GetRunResponse.FromString,
+                _registered_method=True)
+        self.ListStepMetrics = channel.unary_unary(
+                '/openforge.trajectory.v1.TrajectoryService/ListStepMetrics',
+                request_serializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ListStepMetricsRequest.SerializeToString,
+                response_deserializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ListStepMetricsResponse.FromString,
+                _registered_method=True)
 
 
 class TrajectoryServiceServicer:
@@ -120,6 +135,31 @@ class TrajectoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRuns(self, request, context):
+        """Lists every run the store knows (registered by RunRegistered or seen in
+        rollouts or step metrics), newest first, in pages, each with its manifest
+        and counts. Errors: INVALID_ARGUMENT (bad page_token, page_size < 0).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRun(self, request, context):
+        """One run with its manifest and counts. Errors: NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListStepMetrics(self, request, context):
+        """The trainer's metrics of each step of a run (from StepCompleted), in step
+        order, in pages. Errors: NOT_FOUND (run); INVALID_ARGUMENT (bad
+        page_token, page_size < 0).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrajectoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -152,6 +192,21 @@ def add_TrajectoryServiceServicer_to_server(servicer, server):
                     servicer.Export,
                     request_deserializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ExportRequest.FromString,
                     response_serializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ExportResponse.SerializeToString,
+            ),
+            'ListRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRuns,
+                    request_deserializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ListRunsRequest.FromString,
+                    response_serializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'GetRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRun,
+                    request_deserializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.GetRunRequest.FromString,
+                    response_serializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.GetRunResponse.SerializeToString,
+            ),
+            'ListStepMetrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListStepMetrics,
+                    request_deserializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ListStepMetricsRequest.FromString,
+                    response_serializer=openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ListStepMetricsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -317,6 +372,87 @@ class TrajectoryService:
             '/openforge.trajectory.v1.TrajectoryService/Export',
             openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ExportRequest.SerializeToString,
             openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ExportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/openforge.trajectory.v1.TrajectoryService/ListRuns',
+            openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ListRunsRequest.SerializeToString,
+            openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/openforge.trajectory.v1.TrajectoryService/GetRun',
+            openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.GetRunRequest.SerializeToString,
+            openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.GetRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListStepMetrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/openforge.trajectory.v1.TrajectoryService/ListStepMetrics',
+            openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ListStepMetricsRequest.SerializeToString,
+            openforge_dot_trajectory_dot_v1_dot_trajectory__pb2.ListStepMetricsResponse.FromString,
             options,
             channel_credentials,
             insecure,

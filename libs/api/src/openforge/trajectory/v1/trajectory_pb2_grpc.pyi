@@ -58,6 +58,18 @@ class TrajectoryServiceStub:
     JSONL). Idempotent: the same request overwrites the same file.
     Errors: NOT_FOUND (run); INVALID_ARGUMENT (format unspecified).
     """
+    ListRuns: _grpc.UnaryUnaryMultiCallable[_trajectory_pb2.ListRunsRequest, _trajectory_pb2.ListRunsResponse]
+    """Lists every run the store knows (registered by RunRegistered or seen in
+    rollouts or step metrics), newest first, in pages, each with its manifest
+    and counts. Errors: INVALID_ARGUMENT (bad page_token, page_size < 0).
+    """
+    GetRun: _grpc.UnaryUnaryMultiCallable[_trajectory_pb2.GetRunRequest, _trajectory_pb2.GetRunResponse]
+    """One run with its manifest and counts. Errors: NOT_FOUND."""
+    ListStepMetrics: _grpc.UnaryUnaryMultiCallable[_trajectory_pb2.ListStepMetricsRequest, _trajectory_pb2.ListStepMetricsResponse]
+    """The trainer's metrics of each step of a run (from StepCompleted), in step
+    order, in pages. Errors: NOT_FOUND (run); INVALID_ARGUMENT (bad
+    page_token, page_size < 0).
+    """
 
 @_typing.type_check_only
 class TrajectoryServiceAsyncStub(TrajectoryServiceStub):
@@ -86,6 +98,18 @@ class TrajectoryServiceAsyncStub(TrajectoryServiceStub):
     """Writes a run's samples to a file (Parquet in veRL's column layout, or
     JSONL). Idempotent: the same request overwrites the same file.
     Errors: NOT_FOUND (run); INVALID_ARGUMENT (format unspecified).
+    """
+    ListRuns: _aio.UnaryUnaryMultiCallable[_trajectory_pb2.ListRunsRequest, _trajectory_pb2.ListRunsResponse]  # type: ignore[assignment]
+    """Lists every run the store knows (registered by RunRegistered or seen in
+    rollouts or step metrics), newest first, in pages, each with its manifest
+    and counts. Errors: INVALID_ARGUMENT (bad page_token, page_size < 0).
+    """
+    GetRun: _aio.UnaryUnaryMultiCallable[_trajectory_pb2.GetRunRequest, _trajectory_pb2.GetRunResponse]  # type: ignore[assignment]
+    """One run with its manifest and counts. Errors: NOT_FOUND."""
+    ListStepMetrics: _aio.UnaryUnaryMultiCallable[_trajectory_pb2.ListStepMetricsRequest, _trajectory_pb2.ListStepMetricsResponse]  # type: ignore[assignment]
+    """The trainer's metrics of each step of a run (from StepCompleted), in step
+    order, in pages. Errors: NOT_FOUND (run); INVALID_ARGUMENT (bad
+    page_token, page_size < 0).
     """
 
 class TrajectoryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -148,6 +172,36 @@ class TrajectoryServiceServicer(metaclass=_abc_1.ABCMeta):
         """Writes a run's samples to a file (Parquet in veRL's column layout, or
         JSONL). Idempotent: the same request overwrites the same file.
         Errors: NOT_FOUND (run); INVALID_ARGUMENT (format unspecified).
+        """
+
+    @_abc_1.abstractmethod
+    def ListRuns(
+        self,
+        request: _trajectory_pb2.ListRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trajectory_pb2.ListRunsResponse, _abc.Awaitable[_trajectory_pb2.ListRunsResponse]]:
+        """Lists every run the store knows (registered by RunRegistered or seen in
+        rollouts or step metrics), newest first, in pages, each with its manifest
+        and counts. Errors: INVALID_ARGUMENT (bad page_token, page_size < 0).
+        """
+
+    @_abc_1.abstractmethod
+    def GetRun(
+        self,
+        request: _trajectory_pb2.GetRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trajectory_pb2.GetRunResponse, _abc.Awaitable[_trajectory_pb2.GetRunResponse]]:
+        """One run with its manifest and counts. Errors: NOT_FOUND."""
+
+    @_abc_1.abstractmethod
+    def ListStepMetrics(
+        self,
+        request: _trajectory_pb2.ListStepMetricsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trajectory_pb2.ListStepMetricsResponse, _abc.Awaitable[_trajectory_pb2.ListStepMetricsResponse]]:
+        """The trainer's metrics of each step of a run (from StepCompleted), in step
+        order, in pages. Errors: NOT_FOUND (run); INVALID_ARGUMENT (bad
+        page_token, page_size < 0).
         """
 
 def add_TrajectoryServiceServicer_to_server(servicer: TrajectoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
