@@ -1,5 +1,6 @@
-"""Pieces both one-process backends (``torch``, ``verl``) share: HF checkpoint writing, the
-clipped optimizer step and throughput metrics."""
+"""HF checkpoint writing, the clipped optimizer step and throughput metrics of the ``torch`` backend;
+the ``verl`` backend (whose checkpoints and steps are veRL's own) shares only the throughput metrics
+and the list of model files."""
 
 from __future__ import annotations
 
