@@ -52,9 +52,9 @@ PINS: dict[str, Pin] = {
 }
 
 
-def _run(argv: list[str], cwd: Path | None = None) -> None:
+def _run(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
     click.echo("  $ " + " ".join(argv))
-    proc = subprocess.run(argv, cwd=cwd, check=False)
+    proc = subprocess.run(argv, cwd=cwd, env=env, check=False)
     if proc.returncode != 0:
         raise click.ClickException(f"{argv[0]} failed with exit status {proc.returncode}")
 
@@ -69,9 +69,11 @@ def _npm() -> str:
 def _install_npm(pin: Pin, source: Path, dest: Path) -> dict[str, object]:
     for f in ("package.json", "package-lock.json"):
         shutil.copy2(source / f, dest / f)
-    _run([_npm(), "ci", "--omit=dev", "--no-audit", "--no-fund"], cwd=dest)
     path = [str(dest / "node_modules" / ".bin")]
+    env = None
     if pin.node:
+        # The pinned Node first: `npm ci` runs the package's install checks (OpenClaw's refuses
+        # Node < 24.16) with whatever `node` is first on PATH.
         node_dir = dest / "node"
         node_dir.mkdir(exist_ok=True)
         _run([_npm(), "install", "--no-audit", "--no-fund", "--no-save", "--prefix", str(node_dir), pin.node])
@@ -79,6 +81,8 @@ def _install_npm(pin: Pin, source: Path, dest: Path) -> dict[str, object]:
         if not (bin_dir / "node").is_file():
             raise click.ClickException(f"{pin.node} did not provide {bin_dir / 'node'}")
         path.insert(0, str(bin_dir))
+        env = {**os.environ, "PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])}
+    _run([_npm(), "ci", "--omit=dev", "--no-audit", "--no-fund"], cwd=dest, env=env)
     return {"executable": str(dest / "node_modules" / ".bin" / pin.command), "path": path, "roots": [str(dest)]}
 
 
