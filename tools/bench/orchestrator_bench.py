@@ -3,7 +3,9 @@
 1. **Start latency**: ``--starts N`` sandboxes, one after the other, each running the
    ``command`` harness ``true`` exactly as a rollout does (cached workspace copied, proxy
    bridge, network monitor, cgroup, init process). Latency = from ``execute()`` being called to
-   the harness process running inside (the init's ``started`` record). Prints p50/p99.
+   the harness process running inside (the init's ``started`` record). Prints p50/p99 beside
+   the floor measured in the same run, interleaved with them: a bare ``bwrap --unshare-all
+   --ro-bind / / true`` (namespaces only: no workspace, bridge, cgroup or init process).
 2. **Concurrency**: for each level in ``--levels`` (e.g. ``8,16,32``), one group of that many
    mini-swe-agent rollouts of ``train/count-lines`` through the real proxy, NATS and orchestrator
    processes, against a fake engine (``ScriptedInferenceServer``: it replays the task's oracle
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shlex
 import statistics
 import sys
@@ -57,7 +60,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
-async def start_latency(n: int, work: Path) -> list[float]:
+async def bare_bwrap_s() -> float:
+    """Seconds from spawning a bare ``bwrap --unshare-all --ro-bind / / true`` to its exit."""
+    t0 = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec("bwrap", "--unshare-all", "--ro-bind", "/", "/", "true")
+    if await proc.wait() != 0:
+        raise RuntimeError("bare bwrap failed")
+    return time.perf_counter() - t0
+
+
+async def start_latency(n: int, work: Path) -> tuple[list[float], list[float]]:
+    """(sandbox start latencies, bare bwrap floor) in seconds, ``n`` of each, interleaved."""
     backend = LocalBackend(
         LocalSandboxSettings(root=str(work / "sb"), cache=str(work / "cache"), artifacts=""), "127.0.0.1:9"
     )
@@ -65,7 +78,9 @@ async def start_latency(n: int, work: Path) -> list[float]:
     launch = HarnessLaunch(name="command", argv=("true",))
     await backend.prepare_workspace(task)
     out: list[float] = []
+    floor: list[float] = []
     for i in range(n):
+        floor.append(await bare_bwrap_s())
         plan = ExecutionPlan(
             rollout_id=f"bench-{i}",
             task=task,
@@ -76,7 +91,7 @@ async def start_latency(n: int, work: Path) -> list[float]:
         )
         result = await backend.execute(plan)
         out.append(result.start_latency_s)
-    return out
+    return out, floor
 
 
 def oracle_script(model_dir: Path) -> ScriptedInferenceServer:
@@ -188,10 +203,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="orchestrator-bench-") as tmp:
         work = Path(tmp)
         if args.starts:
-            lat = asyncio.run(start_latency(args.starts, work))
+            load_start = os.getloadavg()[0]
+            lat, floor = asyncio.run(start_latency(args.starts, work))
             print(
                 f"sandbox start latency over {len(lat)} sandboxes: p50 {1000 * statistics.median(lat):.0f} ms, "
                 f"p99 {1000 * percentile(lat, 99):.0f} ms, min {1000 * min(lat):.0f} ms, max {1000 * max(lat):.0f} ms"
+            )
+            print(
+                f"floor, bare bwrap in the same run: p50 {1000 * statistics.median(floor):.0f} ms, "
+                f"p99 {1000 * percentile(floor, 99):.0f} ms (load average {load_start:.2f} -> {os.getloadavg()[0]:.2f})"
             )
         levels = [int(x) for x in args.levels.split(",") if x.strip()]
         if levels:
