@@ -13,7 +13,7 @@ STAMP := $(VENV)/.setup-stamp
 TYPED_SRC := libs/core/src libs/testing/src libs/cli/src $(wildcard services/*/src) tools
 TYPED_TESTS := $(wildcard libs/*/tests services/*/tests) tests
 
-.PHONY: help setup harness-clis harnesses test pytest lint typecheck protos protos-check up down status
+.PHONY: help setup harness-clis harnesses test pytest lint typecheck protos protos-check up down status demo
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -57,6 +57,11 @@ pytest: setup ## Run the test suite only
 	$(BIN)/pytest
 
 test: lint typecheck protos-check pytest ## Everything CI runs: lint, type checks, protos-check, tests
+
+demo: setup ## The main job: a whole training run on the embedded defaults (tiny model, warm start, GRPO, eval)
+	@command -v bwrap > /dev/null || { echo "bubblewrap is needed for the rollout sandboxes: apt-get install bubblewrap"; exit 1; }
+	$(BIN)/openforge harness install mini-swe-agent
+	$(BIN)/openforge train examples/demo/demo.yaml
 
 up: setup ## Start NATS and the five services locally (Ctrl-C stops them)
 	$(BIN)/openforge up

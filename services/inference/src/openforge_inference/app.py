@@ -43,6 +43,7 @@ class InferenceApp:
                     seed=settings.seed,
                     kv_cache_gib=settings.kv_cache_gib,
                     threads=settings.threads,
+                    tasks_root=settings.scripted_tasks_root,
                 ),
             )
         self.servicer = InferenceServicer(self.engine, self._weights_loaded)

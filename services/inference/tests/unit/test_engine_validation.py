@@ -100,6 +100,6 @@ def test_weight_state_idempotency() -> None:
 
 
 def test_registry_lists_engines_and_rejects_unknown(tmp_path: object) -> None:
-    assert ENGINE_NAMES == ("transformers", "vllm")
+    assert ENGINE_NAMES == ("scripted-oracle", "transformers", "vllm")
     with pytest.raises(ValueError, match="unknown engine"):
         create_engine("tgi", EngineConfig(model_path=tmp_path))  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ __all__ = ["ENGINE_NAMES", "create_engine"]
 _REGISTRY: Final[dict[str, str]] = {
     "vllm": "openforge_inference.engines.vllm_engine:VllmEngine",
     "transformers": "openforge_inference.engines.transformers_engine:TransformersEngine",
+    "scripted-oracle": "openforge_inference.engines.scripted_oracle:ScriptedOracleEngine",
 }
 
 #: Engine names :func:`create_engine` accepts.
@@ -24,7 +25,8 @@ def create_engine(name: str, config: EngineConfig) -> Engine:
     """Builds (does not start) the engine registered under ``name``.
 
     Args:
-        name: ``"vllm"`` or ``"transformers"``.
+        name: ``"vllm"``, ``"transformers"`` or ``"scripted-oracle"`` (a scripted engine that
+            replays task oracles, for recording demonstrations; not a model).
         config: Model path and engine options.
 
     Returns:

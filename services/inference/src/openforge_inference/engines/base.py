@@ -277,6 +277,8 @@ class EngineConfig:
         kv_cache_gib: vLLM CPU KV-cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``); None keeps
             vLLM's default.
         threads: Torch intra-op threads for the transformers engine (None = torch default).
+        tasks_root: Task sets whose oracle solutions the ``scripted-oracle`` engine replays
+            (unused by the model engines).
     """
 
     model_path: Path
@@ -286,6 +288,7 @@ class EngineConfig:
     seed: int = 0
     kv_cache_gib: float | None = None
     threads: int | None = None
+    tasks_root: Path | None = None
 
 
 # --------------------------------------------------------------------------------------------

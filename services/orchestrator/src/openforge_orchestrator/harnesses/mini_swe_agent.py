@@ -51,6 +51,10 @@ class MiniSweAgentAdapter:
                 "MSWEA_CONFIGURED": "true",
                 "MSWEA_COST_TRACKING": "ignore_errors",
                 "MSWEA_SILENT_STARTUP": "1",
+                # mini-swe-agent retries a refused call (e.g. the session's turn limit, HTTP 400)
+                # 10 times with backoff up to 60 s, minutes per rollout; 3 attempts still ride
+                # out a transient failure.
+                "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "3",
                 "MSWEA_GLOBAL_CONFIG_DIR": f"{SANDBOX_HOME}/.config/mini-swe-agent",
                 "PYTHONUNBUFFERED": "1",
                 "PYTHONDONTWRITEBYTECODE": "1",

@@ -1,0 +1,413 @@
+"""``openforge eval``: pass@k and pass^k of a checkpoint on a task split.
+
+Each task of the split gets one group of ``n`` rollouts (``n`` >= every k asked for) under an
+evaluation run id, through the same path as training rollouts (orchestrator → sandbox → harness →
+proxy → inference → verifier); the trajectory store records them, so the per-task results stay
+queryable (``ListRollouts`` by run id). A rollout passes when its reward is >= the threshold.
+
+With ``c`` passing rollouts out of ``n`` for a task (Chen et al. 2021, "Evaluating Large Language
+Models Trained on Code", the unbiased estimator; and τ-bench's pass^k, Yao et al. 2024):
+
+* pass@k = 1 - C(n - c, k) / C(n, k): the chance that at least one of k rollouts passes;
+* pass^k = C(c, k) / C(n, k): the chance that all k pass (reliability).
+
+Both are averaged over tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+from google.protobuf.duration_pb2 import Duration
+from rich.console import Console
+from rich.table import Table
+
+from openforge.common.v1 import common_pb2
+from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from openforge_cli.progress import TERMINAL, RunProgress
+from openforge_core.rpc.client import open_channel
+
+ORCHESTRATOR_SERVICE = "openforge.orchestrator.v1.OrchestratorService"
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``c`` passes out of ``n`` rollouts.
+
+    Raises:
+        ValueError: Unless 0 <= c <= n and 1 <= k <= n.
+    """
+    _check(n, c, k)
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """pass^k (all of k rollouts pass) from ``c`` passes out of ``n`` rollouts.
+
+    Raises:
+        ValueError: Unless 0 <= c <= n and 1 <= k <= n.
+    """
+    _check(n, c, k)
+    return math.comb(c, k) / math.comb(n, k)
+
+
+def _check(n: int, c: int, k: int) -> None:
+    if not 0 <= c <= n:
+        raise ValueError(f"passes c={c} must be in [0, n={n}]")
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k} must be in [1, n={n}]")
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """One task's evaluation.
+
+    Attributes:
+        task_id: The task.
+        rewards: Reward of each rollout (0.0 where the verifier gave none), in group order.
+        statuses: Final status name of each rollout (``SUCCEEDED``, ``TIMED_OUT``, ...).
+        passed: Rollouts with reward >= the threshold.
+    """
+
+    task_id: str
+    rewards: tuple[float, ...]
+    statuses: tuple[str, ...]
+    passed: int
+
+    @property
+    def n(self) -> int:
+        """Rollouts of the task."""
+        return len(self.rewards)
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """An evaluation of one policy on one task split.
+
+    Attributes:
+        run_id: Run id the rollouts are recorded under.
+        task_set: The split.
+        ks: The k values reported.
+        tasks: Per-task results, in task order.
+        seconds: Wall time of the evaluation.
+    """
+
+    run_id: str
+    task_set: str
+    ks: tuple[int, ...]
+    tasks: tuple[TaskResult, ...]
+    seconds: float = 0.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def reward_mean(self) -> float:
+        """Mean reward over every rollout (0.0 when there is none)."""
+        rewards = [r for t in self.tasks for r in t.rewards]
+        return sum(rewards) / len(rewards) if rewards else 0.0
+
+    def pass_at(self, k: int) -> float:
+        """pass@k averaged over tasks."""
+        return _mean([pass_at_k(t.n, t.passed, k) for t in self.tasks])
+
+    def pass_hat(self, k: int) -> float:
+        """pass^k averaged over tasks."""
+        return _mean([pass_hat_k(t.n, t.passed, k) for t in self.tasks])
+
+    def summary(self) -> dict[str, float]:
+        """``reward/mean``, ``pass@k`` and ``pass^k`` for every k."""
+        out = {"reward/mean": self.reward_mean}
+        for k in self.ks:
+            out[f"pass@{k}"] = self.pass_at(k)
+            out[f"pass^{k}"] = self.pass_hat(k)
+        return out
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready record (summary and per-task rewards)."""
+        return {
+            "run_id": self.run_id,
+            "task_set": self.task_set,
+            "summary": self.summary(),
+            "tasks": {t.task_id: {"rewards": list(t.rewards), "statuses": list(t.statuses)} for t in self.tasks},
+            "seconds": self.seconds,
+        }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def report_table(report: EvalReport, title: str = "") -> Table:
+    """A ``rich`` table: one row per task (rewards, passes, pass@k, pass^k), then the means."""
+    table = Table(title=title or f"evaluation {report.run_id} on {report.task_set}")
+    table.add_column("task")
+    table.add_column("rewards")
+    table.add_column("passed", justify="right")
+    for k in report.ks:
+        table.add_column(f"pass@{k}", justify="right")
+        table.add_column(f"pass^{k}", justify="right")
+    for t in report.tasks:
+        cells = [t.task_id, " ".join(f"{r:.2f}" for r in t.rewards), f"{t.passed}/{t.n}"]
+        for k in report.ks:
+            cells += [f"{pass_at_k(t.n, t.passed, k):.2f}", f"{pass_hat_k(t.n, t.passed, k):.2f}"]
+        table.add_row(*cells)
+    means = ["mean", f"{report.reward_mean:.3f}", ""]
+    for k in report.ks:
+        means += [f"{report.pass_at(k):.3f}", f"{report.pass_hat(k):.3f}"]
+    table.add_row(*means, style="bold")
+    return table
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """How rollouts are requested (the run's harness, sampling and limits).
+
+    Attributes:
+        harness: Harness name.
+        model_name: Model name written into the harness's config.
+        temperature: Sampling temperature the proxy enforces.
+        max_tokens: Most tokens per model call (0 = the proxy's default).
+        max_turns: Most model calls per rollout (0 = no limit).
+        max_total_tokens: Most tokens per rollout (0 = no limit).
+        timeout_s: Rollout time limit, seconds (0 = the task's own).
+    """
+
+    harness: str
+    model_name: str = "policy"
+    temperature: float = 1.0
+    max_tokens: int = 0
+    max_turns: int = 0
+    max_total_tokens: int = 0
+    timeout_s: float = 0.0
+
+
+async def run_rollouts(
+    orchestrator: str,
+    *,
+    request_id: str,
+    run_id: str,
+    task_set: str,
+    tasks: Sequence[str],
+    group_size: int,
+    spec: RolloutSpec,
+    on_update: Callable[[common_pb2.Rollout], None] | None = None,
+    min_policy_version: int = 0,
+) -> list[common_pb2.Rollout]:
+    """Submits one group per task and waits until every rollout is terminal.
+
+    Args:
+        orchestrator: ``host:port`` of the orchestrator.
+        request_id: Idempotency key of the submission (a retry returns the same rollouts).
+        run_id: Run id the rollouts are recorded under.
+        task_set: Task set (a folder under the orchestrator's task root).
+        tasks: Task ids.
+        group_size: Rollouts per task.
+        spec: Harness, sampling and limits.
+        on_update: Called with every rollout update (for progress).
+        min_policy_version: Calls need at least this policy version.
+
+    Returns:
+        The terminal rollouts, in submission order.
+
+    Raises:
+        grpc.aio.AioRpcError: The orchestrator refused the submission (e.g. INVALID_ARGUMENT
+            for an unknown task) or went away.
+    """
+    async with open_channel(
+        orchestrator, service=ORCHESTRATOR_SERVICE, idempotent_methods=["SubmitRollouts"], default_timeout_s=60
+    ) as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+        req = orchestrator_pb2.SubmitRolloutsRequest(
+            request_id=request_id,
+            run_id=run_id,
+            tasks=[orchestrator_pb2.TaskRef(task_id=t, task_set=task_set) for t in tasks],
+            group_size=group_size,
+            harness=spec.harness,
+            model_name=spec.model_name,
+            min_policy_version=min_policy_version,
+            sampling=common_pb2.SamplingParams(temperature=spec.temperature, max_tokens=spec.max_tokens),
+        )
+        if spec.max_turns or spec.max_total_tokens:
+            req.limits.CopyFrom(
+                orchestrator_pb2.RolloutLimits(max_turns=spec.max_turns, max_total_tokens=spec.max_total_tokens)
+            )
+        if spec.timeout_s > 0:
+            req.timeout.CopyFrom(Duration(seconds=int(spec.timeout_s)))
+        resp = await stub.SubmitRollouts(req)
+        ids = [r.rollout_id for r in resp.rollouts]
+        done: dict[str, common_pb2.Rollout] = {}
+        call = stub.WatchRollouts(orchestrator_pb2.WatchRolloutsRequest(run_id=run_id), timeout=None)
+        try:
+            async for ev in call:
+                r = ev.rollout
+                if r.rollout_id not in ids:
+                    continue
+                if on_update is not None:
+                    on_update(r)
+                if r.status in TERMINAL:
+                    done[r.rollout_id] = r
+                    if len(done) == len(ids):
+                        break
+        finally:
+            call.cancel()
+        return [done[i] for i in ids]
+
+
+def summarize(
+    run_id: str,
+    task_set: str,
+    tasks: Sequence[str],
+    rollouts: Sequence[common_pb2.Rollout],
+    ks: Sequence[int],
+    pass_threshold: float,
+) -> EvalReport:
+    """Groups terminal rollouts by task into an :class:`EvalReport` (tasks in the given order)."""
+    by_task: dict[str, list[common_pb2.Rollout]] = {t: [] for t in tasks}
+    for r in rollouts:
+        by_task.setdefault(r.task_id, []).append(r)
+    results = []
+    for task_id, rs in by_task.items():
+        rs.sort(key=lambda r: r.group_index)
+        rewards = tuple(r.reward if r.HasField("reward") else 0.0 for r in rs)
+        results.append(
+            TaskResult(
+                task_id=task_id,
+                rewards=rewards,
+                statuses=tuple(common_pb2.RolloutStatus.Name(r.status).removeprefix("ROLLOUT_STATUS_") for r in rs),
+                passed=sum(1 for x in rewards if x >= pass_threshold),
+            )
+        )
+    return EvalReport(run_id=run_id, task_set=task_set, ks=tuple(ks), tasks=tuple(results))
+
+
+async def evaluate(
+    orchestrator: str,
+    *,
+    run_id: str,
+    task_set: str,
+    tasks: Sequence[str],
+    n: int,
+    ks: Sequence[int],
+    spec: RolloutSpec,
+    pass_threshold: float = 1.0,
+    title: str = "eval",
+    console: Console | None = None,
+) -> EvalReport:
+    """Runs ``n`` rollouts per task under ``run_id`` with live progress; returns the report.
+
+    Raises:
+        ValueError: A k is outside [1, n], or there are no tasks.
+    """
+    if not tasks:
+        raise ValueError(f"no tasks to evaluate in {task_set!r}")
+    for k in ks:
+        _check(n, 0, k)
+    started = time.monotonic()
+    with RunProgress(title, console=console) as progress:
+        rollouts = await run_rollouts(
+            orchestrator,
+            request_id=f"{run_id}/eval",
+            run_id=run_id,
+            task_set=task_set,
+            tasks=tasks,
+            group_size=n,
+            spec=spec,
+            on_update=progress.rollout,
+        )
+    report = summarize(run_id, task_set, tasks, rollouts, ks, pass_threshold)
+    return EvalReport(report.run_id, report.task_set, report.ks, report.tasks, time.monotonic() - started)
+
+
+def split_tasks(tasks_root: Path, split: str) -> list[str]:
+    """Task ids of a split: the sub-folders of ``<tasks_root>/<split>`` holding ``task.toml``.
+
+    Raises:
+        click.ClickException: The split folder does not exist or holds no task.
+    """
+    folder = tasks_root / split
+    tasks = sorted(p.parent.name for p in folder.glob("*/task.toml"))
+    if not tasks:
+        raise click.ClickException(f"no tasks in {folder} (expected <task>/task.toml folders)")
+    return tasks
+
+
+@click.command("eval")
+@click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--checkpoint",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="HF model directory to evaluate (a run's step_N checkpoint or any model).",
+)
+@click.option("--split", default="test", show_default=True, help="Task split (a folder under the task root).")
+@click.option("-k", "k", default=1, show_default=True, help="Rollouts per task; pass@1..k and pass^1..k are reported.")
+@click.option("--tasks", "task_ids", default="", help="Comma-separated task ids (default: the whole split).")
+@click.option("--run-id", default="", help="Run id of the evaluation rollouts (default: derived from the time).")
+@click.option("--state-dir", type=click.Path(path_type=Path), default=None, help="Default: .openforge/eval/<run id>.")
+@click.option("--base-port", default=50251, show_default=True, help="gRPC port of the first service.")
+@click.option("--nats-port", default=4342, show_default=True, help="Port of the embedded NATS server.")
+@click.option("--http-port", default=8280, show_default=True, help="The proxy's port for harnesses.")
+@click.option("--orchestrator", default="", help="Attach to this orchestrator (host:port) instead of starting a stack.")
+def eval_command(
+    config: Path,
+    checkpoint: Path,
+    split: str,
+    k: int,
+    task_ids: str,
+    run_id: str,
+    state_dir: Path | None,
+    base_port: int,
+    nats_port: int,
+    http_port: int,
+    orchestrator: str,
+) -> None:
+    """pass@k and pass^k of CHECKPOINT on a task split, with the run config's harness and limits.
+
+    Starts NATS and the five services serving CHECKPOINT (or attaches to a running
+    orchestrator whose inference already serves it), runs k rollouts per task under an
+    evaluation run id (recorded in the trajectory store), prints a per-task table and writes
+    it as JSON to <state dir>/eval.json.
+    """
+    import json
+
+    from openforge_cli.train import LocalStack, load_train_config
+
+    cfg = load_train_config(config)
+    if k < 1:
+        raise click.BadParameter("must be >= 1", param_hint="-k")
+    tasks = [t for t in task_ids.split(",") if t] or split_tasks(cfg.tasks_root_path, split)
+    run_id = run_id or f"{cfg.run_id}-eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    state = state_dir or Path(".openforge") / "eval" / run_id
+    spec = cfg.rollout_spec()
+    ks = tuple(range(1, k + 1))
+
+    async def go(address: str) -> EvalReport:
+        return await evaluate(
+            address,
+            run_id=run_id,
+            task_set=split,
+            tasks=tasks,
+            n=k,
+            ks=ks,
+            spec=spec,
+            pass_threshold=cfg.eval.pass_threshold if cfg.eval else 1.0,
+            title="eval",
+        )
+
+    console = Console()
+    if orchestrator:
+        report = asyncio.run(go(orchestrator))
+    else:
+        stack = LocalStack(state, base_port=base_port, nats_port=nats_port, http_port=http_port)
+        with stack.running(cfg, engine=cfg.stack.engine, model=checkpoint.resolve()):
+            report = asyncio.run(go(stack.addresses["orchestrator"]))
+    console.print(report_table(report))
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "eval.json").write_text(json.dumps(report.to_json(), indent=2))
+    console.print(f"rollouts recorded under run id {run_id}; results in {state / 'eval.json'}")

@@ -1,0 +1,259 @@
+"""``scripted-oracle``: a scripted engine that replays each task's oracle solution (not a model).
+
+It records demonstrations through the very same path a policy's rollouts take (harness →
+proxy → inference → store → samples), for a warm start by SFT: the harness talks to the proxy,
+the proxy renders the prompt with the served model's chat template and asks this engine, and
+this engine answers with the *scripted* completion of the task it recognises in the prompt:
+
+1. the task is the one whose ``instruction.md`` text (stripped) appears in the decoded prompt,
+   searched in every task folder under ``tasks_root`` (``<root>/<task_set>/<task_id>/``,
+   Harbor's layout, with the oracle in ``solution/solve.sh``);
+2. the turn is the number of tool results the prompt already holds (``<tool_response>`` in the
+   Hermes/Qwen templates the tiny model and the proxy use);
+3. turn 0 answers with one tool call running the whole ``solve.sh`` (``bash -c '<script>'``),
+   turn 1 with the harness's submit command (``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``,
+   mini-swe-agent's), later turns with a short final text.
+
+The tool call is ``{"name": "bash", "arguments": {"command": ...}}`` in Hermes ``<tool_call>``
+tags; the completion is tokenized with the served model's ``tokenizer.json`` and ends with the
+first EOS id, so the samples train the model to emit exactly this text. Every token reports
+logprob 0.0 (the scripted policy is deterministic: probability 1) and the serving policy version.
+
+Weight updates are validated like the real engines do (URI, tensor names and shapes, checksum)
+and then only advance the policy version: the scripted answers never change. A prompt in which
+no task is recognised gets a short apology text (the rollout then earns what its verifier says).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import json
+import shlex
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Final
+
+import structlog
+
+from openforge_inference.engines._common import StaticModel, WeightState, describe_model
+from openforge_inference.engines.base import (
+    DuplicateRequest,
+    EngineConfig,
+    EngineUnavailable,
+    FinishReason,
+    GenerateDelta,
+    GenerateRequest,
+    ModelInfo,
+    PolicyVersionTooOld,
+    TokenUsage,
+    validate_request,
+)
+from openforge_inference.model_files import resolve_checkpoint_uri, validate_checkpoint
+
+__all__ = ["SUBMIT_COMMAND", "OraclePlans", "ScriptedOracleEngine", "oracle_completion"]
+
+_log = structlog.get_logger()
+
+_ENGINE_NAME: Final = "scripted-oracle"
+#: mini-swe-agent ends a run when a command prints this.
+SUBMIT_COMMAND: Final = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+_TOOL_RESULT: Final = "<tool_response>"
+_UNKNOWN: Final = "I do not recognise this task."
+_DONE: Final = "Done."
+
+
+def _tool_call(command: str, step: int) -> str:
+    call = json.dumps({"name": "bash", "arguments": {"command": command}})
+    return f"Step {step}.\n<tool_call>\n{call}\n</tool_call>"
+
+
+class OraclePlans:
+    """Per task instruction, the commands that solve it (the oracle ``solve.sh``).
+
+    Args:
+        tasks_root: Folder of task sets (``<root>/<set>/<id>/instruction.md`` and
+            ``solution/solve.sh``); tasks without a ``solve.sh`` are skipped.
+
+    Raises:
+        EngineUnavailable: ``tasks_root`` is not a folder or holds no task with an oracle.
+    """
+
+    def __init__(self, tasks_root: Path) -> None:
+        if not tasks_root.is_dir():
+            raise EngineUnavailable(f"scripted-oracle: tasks root {tasks_root} is not a folder")
+        self.commands: dict[str, str] = {}
+        for instruction in sorted(tasks_root.glob("*/*/instruction.md")):
+            solve = instruction.parent / "solution" / "solve.sh"
+            text = instruction.read_text(encoding="utf-8").strip()
+            if solve.is_file() and text:
+                self.commands[text] = "bash -c " + shlex.quote(solve.read_text(encoding="utf-8"))
+        if not self.commands:
+            raise EngineUnavailable(f"scripted-oracle: no task with solution/solve.sh under {tasks_root}")
+        # Longest first, so an instruction that contains another one wins.
+        self._order = sorted(self.commands, key=len, reverse=True)
+
+    def find(self, prompt_text: str) -> str | None:
+        """The oracle command of the task whose instruction appears in ``prompt_text``, or None."""
+        for instruction in self._order:
+            if instruction in prompt_text:
+                return self.commands[instruction]
+        return None
+
+
+def oracle_completion(plans: OraclePlans, prompt_text: str) -> str:
+    """The scripted completion for a decoded prompt (see the module docstring for the rules).
+
+    Args:
+        plans: The oracle commands by instruction.
+        prompt_text: The rendered prompt, decoded with special tokens kept.
+
+    Returns:
+        Hermes-format text: one ``<tool_call>`` (turns 0 and 1) or plain text.
+    """
+    command = plans.find(prompt_text)
+    if command is None:
+        return _UNKNOWN
+    turn = prompt_text.count(_TOOL_RESULT)
+    steps = [command, SUBMIT_COMMAND]
+    if turn < len(steps):
+        return _tool_call(steps[turn], turn + 1)
+    return _DONE
+
+
+class ScriptedOracleEngine:
+    """A scripted :class:`~openforge_inference.engines.base.Engine`; see the module docstring.
+
+    Args:
+        config: Model path (tokenizer, chat template, tensor shapes) and ``tasks_root``.
+
+    Raises:
+        EngineUnavailable: From :meth:`start`, when ``config.tasks_root`` is unset or holds no
+            oracle, or the model directory is malformed.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self._config = config
+        self._static: StaticModel | None = None
+        self._tokenizer: Any = None
+        self._plans: OraclePlans | None = None
+        self._weights = WeightState(uri=str(config.model_path))
+        self._in_flight: dict[str, asyncio.Event] = {}
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._started = False
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        """``"scripted-oracle"``."""
+        return _ENGINE_NAME
+
+    async def start(self) -> None:
+        """Reads the model directory's tokenizer and metadata and the task oracles."""
+        if self._started:
+            return
+        if self._config.tasks_root is None:
+            raise EngineUnavailable("scripted-oracle needs a tasks root (OPENFORGE_SCRIPTED_TASKS_ROOT)")
+        from tokenizers import Tokenizer
+
+        self._static = describe_model(self._config, _ENGINE_NAME)
+        try:
+            self._tokenizer = Tokenizer.from_file(str(Path(self._config.model_path) / "tokenizer.json"))
+        except Exception as exc:
+            raise EngineUnavailable(f"cannot read the tokenizer of {self._config.model_path}: {exc}") from exc
+        self._plans = OraclePlans(Path(self._config.tasks_root))
+        self._started = True
+        _log.info("engine.started", engine=_ENGINE_NAME, tasks=len(self._plans.commands))
+
+    async def close(self) -> None:
+        """Ends every stream with ABORT. Idempotent."""
+        self._closed = True
+        for event in self._in_flight.values():
+            event.set()
+        self._resumed.set()
+
+    async def healthy(self) -> bool:
+        """Started and not closed."""
+        return self._started and not self._closed
+
+    async def model_info(self) -> ModelInfo:
+        """The model directory's description, with the serving policy version."""
+        static = self._require_started()
+        return dataclasses.replace(static.info, policy_version=self._weights.version)
+
+    def _require_started(self) -> StaticModel:
+        if not self._started or self._closed or self._static is None:
+            raise EngineUnavailable("the scripted-oracle engine is not started")
+        return self._static
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateDelta]:
+        """Streams the scripted completion; see :meth:`Engine.generate`."""
+        static = self._require_started()
+        validate_request(request, static.info.vocab_size, static.info.context_length)
+        if request.request_id in self._in_flight:
+            raise DuplicateRequest(f"request {request.request_id} is already in flight")
+        if request.min_policy_version > self._weights.version:
+            raise PolicyVersionTooOld(
+                f"serving policy version {self._weights.version}, request needs >= {request.min_policy_version}",
+                metadata={"serving_version": str(self._weights.version)},
+            )
+        assert self._plans is not None
+        aborted = asyncio.Event()
+        self._in_flight[request.request_id] = aborted
+        try:
+            await self._resumed.wait()
+            prompt = [int(t) for t in request.prompt_token_ids]
+            text = oracle_completion(self._plans, self._tokenizer.decode(prompt, skip_special_tokens=False))
+            ids = [int(t) for t in self._tokenizer.encode(text, add_special_tokens=False).ids]
+            eos = static.info.eos_token_ids
+            if eos:
+                ids.append(int(eos[0]))
+            room = min(request.sampling.max_tokens, static.info.context_length - len(prompt))
+            reason = FinishReason.STOP if len(ids) <= room else FinishReason.LENGTH
+            ids = ids[: max(room, 0)]
+            if aborted.is_set() or self._closed:
+                reason, ids = FinishReason.ABORT, []
+            version = self._weights.version
+            yield GenerateDelta(
+                token_ids=tuple(ids),
+                logprobs=(0.0,) * len(ids),
+                policy_versions=(version,) * len(ids),
+                finish_reason=reason,
+                usage=TokenUsage(len(prompt), len(ids)),
+            )
+        finally:
+            self._in_flight.pop(request.request_id, None)
+
+    async def abort(self, request_id: str) -> bool:
+        """Marks an in-flight request aborted; False if unknown."""
+        event = self._in_flight.get(request_id)
+        if event is None:
+            return False
+        event.set()
+        return True
+
+    async def pause(self) -> int:
+        """New completions wait until :meth:`resume`; returns the in-flight count."""
+        self._require_started()
+        self._resumed.clear()
+        return len(self._in_flight)
+
+    async def resume(self) -> None:
+        """Lets completions go on. Idempotent."""
+        self._require_started()
+        self._resumed.set()
+
+    async def update_weights(self, uri: str, version: int, checksum: str) -> datetime.timedelta:
+        """Validates the checkpoint as the real engines do, then serves ``version`` (the scripted
+        answers do not change); see :meth:`Engine.update_weights`."""
+        static = self._require_started()
+        if self._weights.is_noop(uri, version, checksum):
+            return datetime.timedelta(0)
+        started = time.perf_counter()
+        directory = resolve_checkpoint_uri(uri)
+        await asyncio.to_thread(validate_checkpoint, directory, static.reference_shapes, checksum)
+        self._weights = WeightState(version, uri, checksum)
+        return datetime.timedelta(seconds=time.perf_counter() - started)

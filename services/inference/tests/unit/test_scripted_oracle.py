@@ -1,0 +1,109 @@
+"""The ``scripted-oracle`` engine (a scripted engine, not a model): it recognises the task in a
+rendered prompt, answers with the task's oracle ``solve.sh`` as a Hermes tool call, then the
+submit command, tokenized with the served model's tokenizer; weight updates are validated."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from openforge_inference.engines import ENGINE_NAMES, create_engine
+from openforge_inference.engines.base import (
+    CheckpointError,
+    Engine,
+    EngineConfig,
+    EngineUnavailable,
+    FinishReason,
+    GenerateDelta,
+    GenerateRequest,
+    PolicyVersionTooOld,
+    SamplingOptions,
+)
+from openforge_inference.engines.scripted_oracle import SUBMIT_COMMAND, OraclePlans, oracle_completion
+from openforge_inference.model_files import checkpoint_checksum
+
+ROOT = Path(__file__).resolve().parents[4]
+TASKS = ROOT / "examples" / "tasks"
+
+
+def _instruction(split: str, task: str) -> str:
+    return (TASKS / split / task / "instruction.md").read_text().strip()
+
+
+def _command(split: str, task: str) -> str:
+    return "bash -c " + shlex.quote((TASKS / split / task / "solution" / "solve.sh").read_text())
+
+
+def _call(text: str) -> dict[str, object]:
+    body = text.split("<tool_call>\n", 1)[1].split("\n</tool_call>", 1)[0]
+    parsed: dict[str, object] = json.loads(body)
+    return parsed
+
+
+def test_plans_cover_every_shipped_task_and_replay_solve_then_submit_then_stop() -> None:
+    plans = OraclePlans(TASKS)
+    assert len(plans.commands) == len(list(TASKS.glob("*/*/solution/solve.sh")))
+    prompt = f"<|im_start|>user\n{_instruction('train', 'count-lines')}<|im_end|>\n<|im_start|>assistant\n"
+    first = oracle_completion(plans, prompt)
+    assert _call(first) == {"name": "bash", "arguments": {"command": _command("train", "count-lines")}}
+    second = oracle_completion(plans, prompt + first + "<tool_response>\n3\n</tool_response>")
+    assert _call(second) == {"name": "bash", "arguments": {"command": SUBMIT_COMMAND}}
+    third = oracle_completion(plans, prompt + "<tool_response>a</tool_response><tool_response>b</tool_response>")
+    assert "<tool_call>" not in third
+    assert "<tool_call>" not in oracle_completion(plans, "a prompt about something else")
+
+
+def test_plans_refuse_a_folder_without_oracles(tmp_path: Path) -> None:
+    with pytest.raises(EngineUnavailable, match="no task"):
+        OraclePlans(tmp_path)
+    with pytest.raises(EngineUnavailable, match="not a folder"):
+        OraclePlans(tmp_path / "missing")
+
+
+def _generate(engine: Engine, prompt: list[int], max_tokens: int, rid: str = "r1", version: int = 0) -> GenerateDelta:
+    async def go() -> GenerateDelta:
+        request = GenerateRequest(rid, prompt, SamplingOptions(max_tokens=max_tokens), min_policy_version=version)
+        deltas = [d async for d in engine.generate(request)]
+        assert len(deltas) == 1
+        return deltas[0]
+
+    return asyncio.run(go())
+
+
+def test_engine_serves_the_oracle_tokens_with_the_models_tokenizer(tiny_model_dir: Path, tmp_path: Path) -> None:
+    assert "scripted-oracle" in ENGINE_NAMES
+    with pytest.raises(EngineUnavailable, match="tasks root"):
+        asyncio.run(create_engine("scripted-oracle", EngineConfig(model_path=tiny_model_dir)).start())
+    engine = create_engine("scripted-oracle", EngineConfig(model_path=tiny_model_dir, tasks_root=TASKS))
+    asyncio.run(engine.start())
+    info = asyncio.run(engine.model_info())
+    assert info.engine == "scripted-oracle" and info.policy_version == 0
+    tok = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    prompt = tok.encode(f"user: {_instruction('test', 'celsius-convert')}\nassistant:", add_special_tokens=False).ids
+
+    delta = _generate(engine, prompt, 4096)
+    assert delta.finish_reason is FinishReason.STOP
+    assert delta.token_ids[-1] in info.eos_token_ids
+    assert set(delta.logprobs) == {0.0} and set(delta.policy_versions) == {0}
+    text = tok.decode(list(delta.token_ids[:-1]), skip_special_tokens=False)
+    assert _call(text)["arguments"] == {"command": _command("test", "celsius-convert")}
+    assert delta.usage is not None and delta.usage.prompt_tokens == len(prompt)
+
+    short = _generate(engine, prompt, 5, rid="r2")
+    assert short.finish_reason is FinishReason.LENGTH and len(short.token_ids) == 5
+
+    # weight updates are validated like a model engine's, then only advance the version
+    with pytest.raises(CheckpointError):
+        asyncio.run(engine.update_weights(str(tmp_path / "nowhere"), 1, ""))
+    asyncio.run(engine.update_weights(str(tiny_model_dir), 1, checkpoint_checksum(tiny_model_dir)))
+    assert asyncio.run(engine.model_info()).policy_version == 1
+    assert set(_generate(engine, prompt, 4096, rid="r3", version=1).policy_versions) == {1}
+    with pytest.raises(PolicyVersionTooOld):
+        _generate(engine, prompt, 4096, rid="r4", version=2)
+    asyncio.run(engine.close())
+    assert not asyncio.run(engine.healthy())
