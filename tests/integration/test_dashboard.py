@@ -16,14 +16,21 @@ Chromium loads its pages:
 * a rollout whose second call started a new conversation shows its second sample's fork cause.
 
 A screenshot of the trajectory page is saved under the test's tmp dir (its path is printed).
+
+``openforge dash --state-dir`` shows a finished run: the real store records a run into a SQLite
+file in a state folder and is stopped; the dashboard process then starts its own NATS and store
+on that file, answers ``/api/`` with the run, and leaves no process behind after SIGTERM.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -240,14 +247,14 @@ def _record_run(nats_url: str, proxy: Any, fake: ScriptedInferenceServer, model_
     )
 
 
-async def _wait_steps(store: str, n: int, timeout_s: float = 30.0) -> None:
+async def _wait_steps(store: str, n: int, timeout_s: float = 30.0, finished: int = 3) -> None:
     async with open_channel(store) as ch:
         stub = trajectory_pb2_grpc.TrajectoryServiceStub(ch)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
                 run = (await stub.GetRun(trajectory_pb2.GetRunRequest(run_id=RUN))).run
-                if run.steps == n and run.finished_rollouts == 3:
+                if run.steps == n and run.finished_rollouts == finished:
                     return
             except grpc.aio.AioRpcError as exc:  # NOT_FOUND until the first event is ingested
                 assert exc.code() == grpc.StatusCode.NOT_FOUND, exc
@@ -395,3 +402,130 @@ def test_dashboard_shows_the_curves_rollouts_and_a_trajectory(
         _headless(chromium, tmp_path, "--hide-scrollbars", "--window-size=1400,2200", f"--screenshot={shot}", page_url)
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     print("dashboard screenshots:", *(str(tmp_path / n) for n in shots))
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        assert resp.status == 200
+        return json.loads(resp.read())
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The processes whose parent is ``pid``: {pid: command line}."""
+    out: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+            out[int(entry.name)] = cmdline
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_dash_state_dir_serves_a_finished_run(
+    tmp_path: Path, nats_server_fn: NatsServer, service_process: ServiceFactory
+) -> None:
+    state = tmp_path / "state"
+    model_dir = build_fake_model_dir(state / "models" / "warm-start")
+    store = service_process(
+        "openforge_trajectory_store",
+        {"OPENFORGE_NATS__URL": nats_server_fn.url, "OPENFORGE_STORE__DSN": f"sqlite:///{state / 'trajectories.db'}"},
+    )
+    rollout = _rollout("ro-timeout", 0)
+    steps = []
+    for n in range(1, STEPS + 1):
+        ev = trainer_events.StepCompleted(
+            event_id=f"step/{RUN}/{n}", run_id=RUN, step=n, policy_version=n, metrics={"reward/mean": 0.1 * n}
+        )
+        steps.append((subject_for("trainer", "step_completed"), f"step/{RUN}/{n}", ev))
+    manifest = common_pb2.RunManifest(run_id=RUN, harness="openclaw", model="policy")  # a served name, as a run records
+    asyncio.run(
+        _publish(
+            nats_server_fn.url,
+            [
+                (
+                    subject_for("orchestrator", "run_registered"),
+                    f"run/{RUN}",
+                    orch.RunRegistered(event_id=f"run/{RUN}", manifest=manifest),
+                ),
+                (
+                    subject_for("orchestrator", "rollouts_submitted"),
+                    "submitted/state",
+                    orch.RolloutsSubmitted(event_id="submitted/state", rollouts=[rollout]),
+                ),
+                (
+                    subject_for("orchestrator", "rollout_finished"),
+                    "finished/ro-timeout",
+                    orch.RolloutFinished(
+                        event_id="finished/ro-timeout",
+                        rollout=_ended(rollout, common_pb2.ROLLOUT_STATUS_TIMED_OUT, None, "", "timeout"),
+                    ),
+                ),
+                *steps,
+            ],
+        )
+    )
+    asyncio.run(_wait_steps(store.address, STEPS, finished=1))
+    assert store.stop() == 0  # the run is over: only its SQLite file is left
+
+    port = free_port()
+    log_path = tmp_path / "dash-state.log"
+    with log_path.open("wb") as log:
+        dash = subprocess.Popen(
+            [sys.executable, "-m", "openforge_cli.main", "dash", "--state-dir", str(state), "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}/api/"
+    children: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                runs = _get_json(url + "runs")["runs"]
+                break
+            except OSError:
+                assert dash.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, "openforge dash --state-dir did not answer"
+                time.sleep(0.2)
+        [run] = runs
+        assert (run["run_id"], run["steps"], run["finished_rollouts"]) == (RUN, STEPS, 1)
+        metrics = _get_json(f"{url}runs/{RUN}/metrics")
+        assert [s["step"] for s in metrics["steps"]] == list(range(1, STEPS + 1))
+        [listed] = _get_json(f"{url}runs/{RUN}/rollouts")["rollouts"]
+        assert (listed["rollout_id"], listed["status"]) == ("ro-timeout", "TIMED_OUT")
+        assert f"tokens decoded with {model_dir / 'tokenizer.json'}" in log_path.read_text()
+
+        children = _children(dash.pid)
+        kinds = sorted(
+            "nats" if c.split()[0].endswith("nats-server") else "store" if "openforge_trajectory_store" in c else c
+            for c in children.values()
+        )
+        assert kinds == ["nats", "store"], children
+        [nats_cmd] = [c for c in children.values() if c.split()[0].endswith("nats-server")]
+        jetstream = Path(nats_cmd.split(" -sd ")[1].split()[0])
+        assert jetstream.is_dir() and not jetstream.is_relative_to(state)  # not the run's JetStream folder
+        assert not (state / "jetstream").exists()
+
+        dash.send_signal(signal.SIGTERM)
+        assert dash.wait(30) == 0, log_path.read_text()
+        assert [p for p in children if _alive(p)] == []
+        assert not jetstream.parent.exists()  # the temporary folder is gone
+    finally:
+        stop_process(dash)
+        for pid in children:
+            if _alive(pid):
+                os.killpg(pid, signal.SIGKILL)

@@ -4,12 +4,14 @@ The server hosts ``FakeTrajectoryStore``, a **fake** ``TrajectoryService`` (a te
 answers canned messages and records the requests it got), so each endpoint's translation —
 query parameters to the store's request, the store's messages and errors to JSON — is checked
 exactly. The real store behind the real dashboard process is covered by
-``tests/integration/test_dashboard.py``.
+``tests/integration/test_dashboard.py``. ``openforge dash --state-dir``'s refusals and its choice
+of the run's model folder are checked here without starting processes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +19,14 @@ from typing import Any
 import grpc
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from click.testing import CliRunner
 from google.protobuf.message import Message
 
 from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
+from openforge_cli import local
+from openforge_cli.dash.command import dash
+from openforge_cli.dash.local_store import run_model_dir
 from openforge_cli.dash.server import build_app
 from openforge_cli.dash.views import TokenDecoder
 from openforge_testing.fakes import build_fake_model_dir
@@ -280,3 +286,29 @@ async def test_store_down_is_503_and_the_page_is_served() -> None:
         assert (await client.get("/static/secret.txt")).status == 404
     finally:
         await client.close()
+
+
+def test_state_dir_refusals(tmp_path: Path) -> None:
+    runner = CliRunner()
+    empty = runner.invoke(dash, ["--state-dir", str(tmp_path)])
+    assert empty.exit_code == 2 and f"no trajectories.db in {tmp_path}" in empty.output
+    (tmp_path / "trajectories.db").touch()
+    both = runner.invoke(dash, ["--state-dir", str(tmp_path), "--store", "127.0.0.1:50053"])
+    assert both.exit_code == 2 and "give --state-dir or --store, not both" in both.output
+    # The run's own services are up (this process stands in for its store): read that store instead.
+    store = local.ProcessInfo("trajectory-store", os.getpid(), "127.0.0.1:50153", "")
+    local.UpState("nats://127.0.0.1:1", [store]).save(tmp_path)
+    running = runner.invoke(dash, ["--state-dir", str(tmp_path)])
+    assert running.exit_code == 2 and "use --store 127.0.0.1:50153" in running.output
+
+
+def test_run_model_dir(tmp_path: Path) -> None:
+    assert run_model_dir(tmp_path) is None
+    build_fake_model_dir(tmp_path / "models" / "base")
+    (tmp_path / "models" / "empty").mkdir()
+    assert run_model_dir(tmp_path) == tmp_path / "models" / "base"
+    checkpoint = build_fake_model_dir(tmp_path / "checkpoints" / "run" / "step_00000002")
+    (tmp_path / "phases.json").write_text(
+        json.dumps({"warm_start": {"model": str(tmp_path / "gone")}, "rl": {"checkpoint_uri": str(checkpoint)}})
+    )
+    assert run_model_dir(tmp_path) == checkpoint  # the warm start's folder is gone: the RL checkpoint

@@ -697,6 +697,8 @@ def run_train(cfg: TrainConfig, stack: LocalStack, console: Console) -> dict[str
             f"after RL: {after.reward_mean:.3f}"
         )
     console.print(f"done in {time.monotonic() - t_start:.0f}s; state in {stack.state_dir}")
+    if (stack.state_dir / "trajectories.db").is_file():  # the services' store (not when attached to others)
+        console.print(f"to see the run: openforge dash --state-dir {stack.state_dir}", markup=False, highlight=False)
     return phases.data
 
 
