@@ -350,9 +350,27 @@ def split_tasks(tasks_root: Path, split: str) -> list[str]:
 @click.option("--tasks", "task_ids", default="", help="Comma-separated task ids (default: the whole split).")
 @click.option("--run-id", default="", help="Run id of the evaluation rollouts (default: derived from the time).")
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None, help="Default: .openforge/eval/<run id>.")
-@click.option("--base-port", default=50251, show_default=True, help="gRPC port of the first service.")
-@click.option("--nats-port", default=4342, show_default=True, help="Port of the embedded NATS server.")
-@click.option("--http-port", default=8280, show_default=True, help="The proxy's port for harnesses.")
+@click.option(
+    "--base-port",
+    default=50251,
+    type=click.IntRange(1, 65530),
+    show_default=True,
+    help="gRPC port of the first service.",
+)
+@click.option(
+    "--nats-port",
+    default=4342,
+    type=click.IntRange(1, 65535),
+    show_default=True,
+    help="Port of the embedded NATS server.",
+)
+@click.option(
+    "--http-port",
+    default=8280,
+    type=click.IntRange(1, 65535),
+    show_default=True,
+    help="The proxy's port for harnesses.",
+)
 @click.option("--orchestrator", default="", help="Attach to this orchestrator (host:port) instead of starting a stack.")
 def eval_command(
     config: Path,
@@ -376,12 +394,19 @@ def eval_command(
     """
     import json
 
-    from openforge_cli.train import LocalStack, load_train_config
+    from openforge_cli.train import LocalStack, check_names, check_run_config, check_split, load_train_config
 
     cfg = load_train_config(config)
     if k < 1:
         raise click.BadParameter("must be >= 1", param_hint="-k")
-    tasks = [t for t in task_ids.split(",") if t] or split_tasks(cfg.tasks_root_path, split)
+    if not (checkpoint / "config.json").is_file():
+        raise click.BadParameter(f"no model in {checkpoint} (config.json missing)", param_hint="--checkpoint")
+    tasks = [t.strip() for t in task_ids.split(",") if t.strip()]
+    check_split(cfg, split, tasks, fields=("--split", "--tasks"))
+    tasks = tasks or split_tasks(cfg.tasks_root_path, split)
+    check_names(cfg)
+    model = str(checkpoint.resolve())
+    check_run_config("run", {**cfg.run, "model": model, "harness": cfg.harness, "task_split": split, "tasks": tasks})
     run_id = run_id or f"{cfg.run_id}-eval-{time.strftime('%Y%m%d-%H%M%S')}"
     state = state_dir or Path(".openforge") / "eval" / run_id
     spec = cfg.rollout_spec()

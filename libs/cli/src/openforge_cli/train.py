@@ -15,6 +15,11 @@ trainer's run config and, optionally, a warm start and an evaluation::
     run: {steps: 3, group_size: 2, learning_rate: 1.0e-4, max_tokens: 96, ...}  # the RL run
     eval: {split: test, k: 1}
 
+The config is checked before anything starts (:func:`check_config`): unknown or misspelled
+fields, bad values, unknown harness or engine names, missing splits or task ids, a missing model
+without ``init_tiny``, and the trainer run configs (``run``, ``warm_start.run``) each give one line
+naming the field.
+
 The phases, each on a stack of NATS and the five services started as local processes
 (:mod:`openforge_cli.local`) in the state folder (SQLite store, checkpoints, logs, bubblewrap
 sandboxes), with the phase's engine serving the phase's model:
@@ -221,6 +226,10 @@ def load_train_config(path: Path) -> TrainConfig:
     try:
         text = path.read_text(encoding="utf-8")
         data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise click.ClickException(f"cannot parse {path}: {where}{exc.problem or exc.context}") from None
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise click.ClickException(f"cannot read {path}: {exc}") from exc
     if not isinstance(data, dict):
@@ -230,6 +239,92 @@ def load_train_config(path: Path) -> TrainConfig:
     except ValidationError as exc:
         lines = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise click.ClickException(f"{path} does not validate: {lines}") from None
+
+
+def check_split(
+    cfg: TrainConfig, split: str, tasks: list[str], *, fields: tuple[str, str] = ("split", "tasks")
+) -> None:
+    """Checks that ``split`` is a folder of the task root holding every task of ``tasks`` (or,
+    with none given, at least one task).
+
+    Raises:
+        click.ClickException: One line naming the field (``fields``: the split's, the tasks').
+    """
+    root = cfg.tasks_root_path
+    if not root.is_dir():
+        raise click.ClickException(f"stack.tasks_root: no folder {root}")
+    folder = root / split
+    if not folder.is_dir():
+        known = sorted(p.name for p in root.iterdir() if p.is_dir())
+        raise click.ClickException(f"{fields[0]}: no task split {split!r} in {root} (splits: {known})")
+    for task in tasks:
+        if not (folder / task / "task.toml").is_file():
+            raise click.ClickException(f"{fields[1]}: no task {task!r} in split {split!r} ({folder / task}/task.toml)")
+    if not tasks:
+        split_tasks(root, split)
+
+
+def check_run_config(field: str, data: dict[str, Any]) -> None:
+    """Validates a trainer run config against the trainer's ``RunConfig`` (when it is installed).
+
+    Raises:
+        click.ClickException: One line, every bad field named as ``<field>.<name>``.
+    """
+    try:
+        from openforge_trainer.domain.config import RunConfig
+    except ImportError:  # the trainer is not installed here (attached to running services): it checks
+        return
+    try:
+        RunConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = "; ".join(".".join([field, *(str(p) for p in e["loc"])]) + f": {e['msg']}" for e in exc.errors())
+        raise click.ClickException(lines) from None
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Checks what the schema cannot before anything starts: the harness and engine names, the
+    task root, splits and task ids, the model (or ``init_tiny``), and the trainer run configs of
+    the RL run and the warm start (against the trainer's ``RunConfig`` when it is installed).
+
+    Raises:
+        click.ClickException: The first problem, one line naming the field and value.
+    """
+    check_names(cfg)
+    check_split(cfg, cfg.split, cfg.tasks)
+    if cfg.eval is not None:
+        check_split(cfg, cfg.eval.split, cfg.eval.tasks, fields=("eval.split", "eval.tasks"))
+    model = cfg.model.path.resolve()
+    if not (model / "config.json").is_file() and cfg.model.init_tiny is None:
+        raise click.ClickException(
+            f"model.path: no model at {model} (config.json missing); set model.init_tiny to build one"
+        )
+    check_run_config("run", cfg.rl_run_config(model))
+    if cfg.warm_start is not None:
+        check_run_config("warm_start.run", cfg.sft_run_config(model))
+
+
+def check_names(cfg: TrainConfig) -> None:
+    """Checks the harness name and the engine names (when the inference package is installed).
+
+    Raises:
+        click.ClickException: One line naming the field and the unknown name.
+    """
+    from openforge_cli.harness import PINS
+
+    harnesses = sorted([*PINS, "command"])
+    if cfg.harness not in harnesses:
+        raise click.ClickException(f"harness: unknown harness {cfg.harness!r} (one of {harnesses})")
+    known_engines: tuple[str, ...] = ()
+    with contextlib.suppress(ImportError):  # inference not installed here: it refuses the name itself
+        from openforge_inference.engines import ENGINE_NAMES as known_engines
+    engines = [
+        ("stack.engine", cfg.stack.engine),
+        ("stack.fallback_engine", cfg.stack.fallback_engine),
+        ("warm_start.engine", cfg.warm_start.engine if cfg.warm_start else ""),
+    ]
+    for field, name in engines:
+        if name and known_engines and name not in known_engines:
+            raise click.ClickException(f"{field}: unknown engine {name!r} (one of {list(known_engines)})")
 
 
 # ---- the local stack -------------------------------------------------------------------------
@@ -436,7 +531,12 @@ class Phases:
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / PHASES_FILE
-        self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        try:
+            self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        except (OSError, ValueError) as exc:
+            raise click.ClickException(f"cannot read {self.path}: {exc}; run with --fresh to start over") from None
+        if not isinstance(self.data, dict):
+            raise click.ClickException(f"{self.path} is not a phase record; run with --fresh to start over")
 
     def get(self, key: str) -> Any:
         """A recorded value, or None."""
@@ -710,9 +810,27 @@ def run_train(cfg: TrainConfig, stack: LocalStack, console: Console) -> dict[str
     default=None,
     help="Logs, store, checkpoints and phases of the run (default: .openforge/train/<run_id>).",
 )
-@click.option("--base-port", default=50151, show_default=True, help="gRPC port of the first service.")
-@click.option("--nats-port", default=4332, show_default=True, help="Port of the embedded NATS server.")
-@click.option("--http-port", default=8180, show_default=True, help="The proxy's port for harnesses.")
+@click.option(
+    "--base-port",
+    default=50151,
+    type=click.IntRange(1, 65530),
+    show_default=True,
+    help="gRPC port of the first service.",
+)
+@click.option(
+    "--nats-port",
+    default=4332,
+    type=click.IntRange(1, 65535),
+    show_default=True,
+    help="Port of the embedded NATS server.",
+)
+@click.option(
+    "--http-port",
+    default=8180,
+    type=click.IntRange(1, 65535),
+    show_default=True,
+    help="The proxy's port for harnesses.",
+)
 @click.option("--fresh", is_flag=True, help="Delete the state folder first (start over instead of resuming).")
 @click.option("--trainer", default="", help="Attach to this trainer (host:port) instead of starting services.")
 @click.option("--orchestrator", default="", help="With --trainer: the orchestrator of the running services.")
@@ -734,6 +852,7 @@ def train_command(
     running the same command again resumes from the last checkpoint.
     """
     cfg = load_train_config(config)
+    check_config(cfg)
     state = state_dir or Path(".openforge") / "train" / cfg.run_id
     if fresh and state.exists():
         if local.UpState.load(state) is not None:

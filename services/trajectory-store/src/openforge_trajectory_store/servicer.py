@@ -13,9 +13,12 @@ from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_core.errors import InvalidArgument
 from openforge_trajectory_store.adapters import export
 from openforge_trajectory_store.adapters.sql import SqlRepository
-from openforge_trajectory_store.domain.query import RolloutFilter
+from openforge_trajectory_store.domain.query import RolloutFilter, token_int
 
 CURSOR_PREFIX = "g:"
+#: Longest id a read accepts, in UTF-8 bytes (a longer one could not be named in the error's
+#: status metadata, which clients cap at 8 KiB).
+MAX_ID_BYTES = 512
 
 
 class GroupNotifier:
@@ -44,9 +47,25 @@ def parse_cursor(cursor: str) -> int:
     """
     if not cursor:
         return 0
-    if not cursor.startswith(CURSOR_PREFIX) or not cursor[len(CURSOR_PREFIX) :].isdigit():
+    seq = token_int(cursor[len(CURSOR_PREFIX) :]) if cursor.startswith(CURSOR_PREFIX) else None
+    if seq is None:
         raise InvalidArgument.field("cursor", "malformed cursor (pass back a cursor this store sent)")
-    return int(cursor[len(CURSOR_PREFIX) :])
+    return seq
+
+
+def check_id(field: str, value: str, *, required: bool = True) -> str:
+    """Returns ``value`` if it can be an id: non-empty (when ``required``), at most
+    :data:`MAX_ID_BYTES` UTF-8 bytes.
+
+    Raises:
+        InvalidArgument: Naming ``field`` (not echoing an overlong value).
+    """
+    if required and not value:
+        raise InvalidArgument.field(field, "an id is required")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_ID_BYTES:
+        raise InvalidArgument.field(field, f"longer than {MAX_ID_BYTES} bytes ({size})")
+    return value
 
 
 class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
@@ -66,18 +85,18 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
     async def GetRollout(
         self, request: trajectory_pb2.GetRolloutRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.GetRolloutResponse:
-        """One rollout as recorded. Errors: NOT_FOUND."""
+        """One rollout as recorded. Errors: NOT_FOUND; INVALID_ARGUMENT (empty or overlong id)."""
         return trajectory_pb2.GetRolloutResponse(
-            rollout=await asyncio.to_thread(self._repo.rollout, request.rollout_id)
+            rollout=await asyncio.to_thread(self._repo.rollout, check_id("rollout_id", request.rollout_id))
         )
 
     async def ListRollouts(
         self, request: trajectory_pb2.ListRolloutsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.ListRolloutsResponse:
-        """A page of matching rollouts, newest first. Errors: INVALID_ARGUMENT (page token/size)."""
+        """A page of matching rollouts, newest first. Errors: INVALID_ARGUMENT (page token/size, overlong id)."""
         flt = RolloutFilter(
-            run_id=request.run_id,
-            task_id=request.task_id,
+            run_id=check_id("run_id", request.run_id, required=False),
+            task_id=check_id("task_id", request.task_id, required=False),
             status=request.status,
             min_reward=request.min_reward if request.HasField("min_reward") else None,
             max_reward=request.max_reward if request.HasField("max_reward") else None,
@@ -88,15 +107,18 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
     async def GetCalls(
         self, request: trajectory_pb2.GetCallsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.GetCallsResponse:
-        """Every attempt of every call of a rollout. Errors: NOT_FOUND."""
-        return trajectory_pb2.GetCallsResponse(calls=await asyncio.to_thread(self._repo.calls, request.rollout_id))
+        """Every attempt of every call of a rollout. Errors: NOT_FOUND; INVALID_ARGUMENT (empty or overlong id)."""
+        return trajectory_pb2.GetCallsResponse(
+            calls=await asyncio.to_thread(self._repo.calls, check_id("rollout_id", request.rollout_id))
+        )
 
     async def GetSamples(
         self, request: trajectory_pb2.GetSamplesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.GetSamplesResponse:
-        """A rollout's samples. Errors: NOT_FOUND; FAILED_PRECONDITION (not ended/assembled yet)."""
+        """A rollout's samples. Errors: NOT_FOUND; FAILED_PRECONDITION (not ended/assembled yet);
+        INVALID_ARGUMENT (empty or overlong id)."""
         return trajectory_pb2.GetSamplesResponse(
-            samples=await asyncio.to_thread(self._repo.samples, request.rollout_id)
+            samples=await asyncio.to_thread(self._repo.samples, check_id("rollout_id", request.rollout_id))
         )
 
     async def WatchCompletedGroups(
@@ -104,6 +126,7 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
     ) -> AsyncIterator[trajectory_pb2.WatchCompletedGroupsResponse]:
         """Every completed group of the run after the cursor, then new ones. Errors: INVALID_ARGUMENT."""
         after = parse_cursor(request.cursor)
+        check_id("run_id", request.run_id, required=False)
         while True:
             groups = await asyncio.to_thread(self._repo.completed_groups, request.run_id, after)
             for g in groups:
@@ -127,6 +150,7 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
             raise InvalidArgument.field("format", "choose EXPORT_FORMAT_PARQUET or EXPORT_FORMAT_JSONL")
         if not request.path:
             raise InvalidArgument.field("path", "an output file path is required")
+        check_id("run_id", request.run_id, required=False)
         path = Path(request.path)
         rows = await asyncio.to_thread(self._export_rows, request.run_id, request.include_requests)
         if request.format == trajectory_pb2.EXPORT_FORMAT_PARQUET:
@@ -145,17 +169,15 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
     async def GetRun(
         self, request: trajectory_pb2.GetRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.GetRunResponse:
-        """One run with its manifest and counts. Errors: NOT_FOUND."""
-        if not request.run_id:
-            raise InvalidArgument.field("run_id", "a run id is required")
+        """One run with its manifest and counts. Errors: NOT_FOUND; INVALID_ARGUMENT (empty or overlong id)."""
+        check_id("run_id", request.run_id)
         return trajectory_pb2.GetRunResponse(run=await asyncio.to_thread(self._repo.run_summary, request.run_id))
 
     async def ListStepMetrics(
         self, request: trajectory_pb2.ListStepMetricsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.ListStepMetricsResponse:
         """A page of a run's step metrics in step order. Errors: NOT_FOUND (run); INVALID_ARGUMENT."""
-        if not request.run_id:
-            raise InvalidArgument.field("run_id", "a run id is required")
+        check_id("run_id", request.run_id)
         steps, token = await asyncio.to_thread(
             self._repo.step_metrics_page, request.run_id, request.page_size, request.page_token
         )

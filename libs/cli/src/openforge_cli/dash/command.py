@@ -38,7 +38,7 @@ def _exit_once(signum: int, frame: FrameType | None) -> None:
     "not with --store.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface the page is served on.")
-@click.option("--port", default=8265, show_default=True, help="TCP port of the page.")
+@click.option("--port", default=8265, type=click.IntRange(0, 65535), show_default=True, help="TCP port of the page.")
 @click.option(
     "--model-dir",
     type=click.Path(path_type=Path, file_okay=False),

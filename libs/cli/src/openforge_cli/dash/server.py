@@ -16,13 +16,15 @@ Endpoints (all ``GET``, JSON; shapes in :mod:`.views`):
   ``tokenizer.json`` has the hash the run's manifest recorded.
 
 Errors answer ``{"error": {"code", "message"}}`` with the HTTP status of the store's gRPC code
-(NOT_FOUND 404, INVALID_ARGUMENT 400, FAILED_PRECONDITION 409, UNAVAILABLE 503, else 502) or 400
-for a bad query parameter.
+(NOT_FOUND 404, INVALID_ARGUMENT 400, FAILED_PRECONDITION 409, UNAVAILABLE 503, else 502), 400
+for a bad query parameter, 404/405 for an unknown ``/api/`` path or method, and 500 (code
+``INTERNAL``, the exception's type only; the traceback goes to the log) for a defect.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
@@ -40,10 +42,14 @@ from openforge_core.rpc.client import open_channel
 if TYPE_CHECKING:
     from openforge.trajectory.v1.trajectory_pb2_grpc import TrajectoryServiceAsyncStub
 
+_log = logging.getLogger(__name__)
+
 SERVICE = "openforge.trajectory.v1.TrajectoryService"
 READS = ("GetRollout", "ListRollouts", "GetCalls", "GetSamples", "ListRuns", "GetRun", "ListStepMetrics")
 #: Steps the metrics endpoint reads at most (the curves' x range).
 MAX_STEPS = 100_000
+#: Largest integer query parameter (the store's fields are int32).
+MAX_INT32 = 2**31 - 1
 STATIC = {"index.html": "text/html", "app.js": "text/javascript", "app.css": "text/css"}
 
 STUB_KEY: web.AppKey[TrajectoryServiceAsyncStub] = web.AppKey("stub")
@@ -76,6 +82,16 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
     except grpc.aio.AioRpcError as exc:
         code = exc.code()
         return _error(_HTTP_OF_GRPC.get(code, 502), code.name, exc.details() or code.name)
+    except web.HTTPException as exc:
+        if not request.path.startswith("/api/") or exc.status < 400:
+            raise
+        name = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status, "INVALID_ARGUMENT")
+        return _error(exc.status, name, f"{request.method} {request.path[:200]}: {exc.reason}")
+    except Exception as exc:
+        if not request.path.startswith("/api/"):
+            raise
+        _log.exception("dashboard request %s failed", request.path[:200])
+        return _error(500, "INTERNAL", f"internal error ({type(exc).__name__}); see the dashboard's log")
 
 
 def _float(request: web.Request, name: str) -> float | None:
@@ -95,8 +111,8 @@ def _int(request: web.Request, name: str) -> int:
     raw = request.query.get(name, "").strip()
     if not raw:
         return 0
-    if not raw.isdigit():
-        raise BadParam(f"{name} must be a non-negative integer, got {raw!r}")
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 10 or int(raw) > MAX_INT32:
+        raise BadParam(f"{name} must be an integer in [0, {MAX_INT32}], got {raw[:40]!r}")
     return int(raw)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from dataclasses import dataclass
 
 from openforge.common.v1 import common_pb2
@@ -11,6 +12,16 @@ from openforge_core.errors import InvalidArgument
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
+#: Integers in page tokens and cursors fit a signed 64-bit SQL INTEGER.
+MAX_TOKEN_INT = 2**63 - 1
+
+
+def token_int(text: str) -> int | None:
+    """``text`` as a non-negative integer of at most :data:`MAX_TOKEN_INT` (ASCII digits only), else None."""
+    if not text or not text.isascii() or not text.isdigit() or len(text) > 19:
+        return None
+    value = int(text)
+    return value if value <= MAX_TOKEN_INT else None
 
 
 @dataclass(frozen=True)
@@ -44,7 +55,9 @@ class PageCursor:
         """
         try:
             ct, rid = json.loads(base64.urlsafe_b64decode(token.encode()))
-            if not isinstance(ct, int) or not isinstance(rid, str):
+            if not isinstance(ct, int) or isinstance(ct, bool) or not isinstance(rid, str):
+                raise ValueError
+            if not -MAX_TOKEN_INT <= ct <= MAX_TOKEN_INT:
                 raise ValueError
         except (ValueError, TypeError, UnicodeDecodeError):
             raise InvalidArgument.field("page_token", "malformed page token") from None
@@ -73,7 +86,9 @@ class RunCursor:
             kind, t, rid = json.loads(base64.urlsafe_b64decode(token.encode()))
             if kind != "run" or not isinstance(t, int | float) or not isinstance(rid, str):
                 raise ValueError
-        except (ValueError, TypeError, UnicodeDecodeError):
+            if not math.isfinite(t):
+                raise ValueError
+        except (ValueError, TypeError, UnicodeDecodeError, OverflowError):
             raise InvalidArgument.field("page_token", "malformed page token") from None
         return RunCursor(float(t), rid)
 
@@ -96,9 +111,10 @@ def step_cursor_decode(token: str) -> int:
     if not token:
         return 0
     body = token.removeprefix("s:")
-    if body == token or not body.isdigit():
+    step = token_int(body) if body != token else None
+    if step is None:
         raise InvalidArgument.field("page_token", "malformed page token")
-    return int(body)
+    return step
 
 
 def page_size(requested: int) -> int:
