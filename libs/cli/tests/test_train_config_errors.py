@@ -135,3 +135,15 @@ def test_unreadable_phase_record_is_named(tmp_path: Path, model_dir: Path) -> No
     result = CliRunner().invoke(main, ["train", str(cfg), "--state-dir", str(state)])
     assert not isinstance(result.exception, AssertionError), result.exception
     assert result.exit_code == 1 and "phases.json" in result.output and "--fresh" in result.output, result.output
+
+
+def test_harness_not_installed_is_named_before_anything_starts(tmp_path: Path, model_dir: Path) -> None:
+    """A known harness that is not installed where the local orchestrator looks: refused with the
+    install command, instead of every rollout failing (and the trainer asking for more)."""
+    text = BASE.format(model=model_dir, tasks=TASKS).replace(
+        "stack: {", f"stack: {{harness_dir: {tmp_path / 'no-harnesses'}, "
+    )
+    code, out = _train(tmp_path, text)
+    assert code == 1, out
+    assert "harness: mini-swe-agent is not installed in" in out
+    assert "openforge harness install mini-swe-agent" in out

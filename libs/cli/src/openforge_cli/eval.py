@@ -347,7 +347,13 @@ def split_tasks(tasks_root: Path, split: str) -> list[str]:
 )
 @click.option("--split", default="test", show_default=True, help="Task split (a folder under the task root).")
 @click.option("-k", "k", default=1, show_default=True, help="Rollouts per task; pass@1..k and pass^1..k are reported.")
-@click.option("--tasks", "task_ids", default="", help="Comma-separated task ids (default: the whole split).")
+@click.option(
+    "--tasks",
+    "task_ids",
+    default="",
+    help="Comma-separated task ids (default: the config's eval.tasks when --split is its eval.split, else the "
+    "whole split).",
+)
 @click.option("--run-id", default="", help="Run id of the evaluation rollouts (default: derived from the time).")
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None, help="Default: .openforge/eval/<run id>.")
 @click.option(
@@ -394,7 +400,14 @@ def eval_command(
     """
     import json
 
-    from openforge_cli.train import LocalStack, check_names, check_run_config, check_split, load_train_config
+    from openforge_cli.train import (
+        LocalStack,
+        check_installed,
+        check_names,
+        check_run_config,
+        check_split,
+        load_train_config,
+    )
 
     cfg = load_train_config(config)
     if k < 1:
@@ -403,8 +416,12 @@ def eval_command(
         raise click.BadParameter(f"no model in {checkpoint} (config.json missing)", param_hint="--checkpoint")
     tasks = [t.strip() for t in task_ids.split(",") if t.strip()]
     check_split(cfg, split, tasks, fields=("--split", "--tasks"))
+    if not tasks and cfg.eval is not None and split == cfg.eval.split:
+        tasks = list(cfg.eval.tasks)
     tasks = tasks or split_tasks(cfg.tasks_root_path, split)
     check_names(cfg)
+    if not orchestrator:
+        check_installed(cfg)
     model = str(checkpoint.resolve())
     check_run_config("run", {**cfg.run, "model": model, "harness": cfg.harness, "task_split": split, "tasks": tasks})
     run_id = run_id or f"{cfg.run_id}-eval-{time.strftime('%Y%m%d-%H%M%S')}"

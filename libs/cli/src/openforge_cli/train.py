@@ -327,6 +327,21 @@ def check_names(cfg: TrainConfig) -> None:
             raise click.ClickException(f"{field}: unknown engine {name!r} (one of {list(known_engines)})")
 
 
+def check_installed(cfg: TrainConfig) -> None:
+    """Checks that the config's harness is installed where the local orchestrator looks for it.
+
+    Raises:
+        click.ClickException: Not installed; the message gives the install command.
+    """
+    from openforge_cli.harness import MANIFEST
+
+    if cfg.harness != "command" and not (cfg.stack.harness_dir / cfg.harness / MANIFEST).is_file():
+        raise click.ClickException(
+            f"harness: {cfg.harness} is not installed in {cfg.stack.harness_dir}: "
+            f"run `openforge harness install {cfg.harness}`"
+        )
+
+
 # ---- the local stack -------------------------------------------------------------------------
 
 
@@ -853,6 +868,8 @@ def train_command(
     """
     cfg = load_train_config(config)
     check_config(cfg)
+    if not (trainer or orchestrator):  # the orchestrator started here runs the harness from harness_dir
+        check_installed(cfg)
     state = state_dir or Path(".openforge") / "train" / cfg.run_id
     if fresh and state.exists():
         if local.UpState.load(state) is not None:

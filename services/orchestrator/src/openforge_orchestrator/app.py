@@ -69,6 +69,7 @@ class OrchestratorApp:
             max_concurrent=s.max_concurrent,
             max_per_task=s.max_per_task,
             validate_task=self._validate_task,
+            validate_harness=launches.check_installed,
         )
 
     def _validate_task(self, ref: TaskRef) -> None:

@@ -26,7 +26,8 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
     ) -> orchestrator_pb2.SubmitRolloutsResponse:
         """Accepts one group per task and schedules it; idempotent per ``request_id``.
 
-        Errors: INVALID_ARGUMENT (bad request or task folder), NOT_FOUND (unknown task).
+        Errors: INVALID_ARGUMENT (bad request or task folder), NOT_FOUND (unknown task),
+        FAILED_PRECONDITION (reason HARNESS_NOT_INSTALLED: the harness is not installed here).
         """
         created = await self._scheduler.submit(
             request_id=request.request_id,

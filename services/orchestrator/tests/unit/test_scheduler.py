@@ -239,3 +239,46 @@ async def test_unknown_task_is_refused_at_submit(tmp_path: Path) -> None:
     with pytest.raises(NotFound):
         await _submit(sched, ["a", "missing"])
     assert events.log == []
+
+
+async def test_harness_not_installed_is_refused_at_submit(tmp_path: Path) -> None:
+    from openforge_core.errors import FailedPrecondition
+    from openforge_orchestrator.harnesses.launches import LaunchFactory
+
+    events = Events()
+    reg = RolloutRegistry(events)
+    sessions = FakeSessions()
+    catalog = _catalog(tmp_path, ["a"])
+    launches = LaunchFactory(tmp_path / "no-installs")
+    executor = RolloutExecutor(
+        reg, catalog, FakeBackend(sessions), sessions, launches, None, ExecutionSettings(max_infra_attempts=3)
+    )
+    sched = Scheduler(
+        reg,
+        executor,
+        max_concurrent=4,
+        max_per_task=2,
+        validate_task=lambda ref: _check(catalog, ref),
+        validate_harness=launches.check_installed,
+    )
+    submit = {
+        "request_id": "q",
+        "run_id": "run",
+        "tasks": [TaskRef("a", "s")],
+        "group_size": 2,
+        "model_name": "m",
+        "min_policy_version": 0,
+        "timeout_s": 0.0,
+    }
+    with pytest.raises(FailedPrecondition) as err:
+        await sched.submit(harness="codex", **submit)
+    assert err.value.reason == "HARNESS_NOT_INSTALLED"
+    assert "openforge harness install codex" in str(err.value)
+    assert events.log == []  # nothing accepted, nothing published
+    # `command` needs no install; an unknown name is left to the request's own validation.
+    assert len(await sched.submit(harness="command", **{**submit, "request_id": "q2"})) == 2
+    from openforge_core.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument):
+        await sched.submit(harness="codx", **{**submit, "request_id": "q3"})
+    await sched.close()

@@ -175,3 +175,28 @@ async def test_sft_trains_only_on_rollouts_that_pass(
     losses = [m["loss/sft"] for _, m in sink.steps]
     assert losses[-1] < losses[0]
     assert world.submissions[-1][0] == "rec/5"  # SFT from a recorded run requests no rollouts
+
+
+async def test_run_fails_instead_of_refilling_forever_when_rollouts_produce_no_samples(
+    micro_model_dir: Path, fake_world_factory: Any, tmp_path: Path
+) -> None:
+    """Every rollout ends before its first model call (e.g. the harness crashes at start): the
+    groups complete with no sample. The loop must not ask for replacements forever; it fails the
+    run with FAILED_PRECONDITION after ``MAX_EMPTY_GROUPS_IN_A_ROW`` such groups."""
+    from openforge_core.errors import FailedPrecondition
+    from openforge_trainer.domain.loop import MAX_EMPTY_GROUPS_IN_A_ROW
+    from openforge_trainer.domain.samples import CompletedGroup
+
+    world = fake_world_factory(sample=False)
+
+    async def no_samples(run_id: str, gid: str, task: str, n: int, seq: int) -> CompletedGroup:
+        return CompletedGroup(group_id=gid, task_id=task, rewards={}, samples=(), cursor=f"c{seq}")
+
+    world._run_group = no_samples
+    sink = RecordingSink()
+    loop = make_loop(world, tmp_path, config(micro_model_dir, groups_per_step=1, group_size=2, steps=2), sink)
+    with pytest.raises(FailedPrecondition) as err:
+        await asyncio.wait_for(loop.run(asyncio.Event()), 120)
+    assert err.value.reason == "ROLLOUTS_PRODUCE_NO_SAMPLES"
+    assert sink.steps == []
+    assert len(world.requests) <= MAX_EMPTY_GROUPS_IN_A_ROW + 2  # the step's request, its refills, no more

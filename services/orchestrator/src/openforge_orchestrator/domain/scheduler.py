@@ -43,6 +43,7 @@ class Scheduler:
         max_concurrent: int,
         max_per_task: int,
         validate_task: Callable[[TaskRef], None] | None = None,
+        validate_harness: Callable[[str], None] | None = None,
     ) -> None:
         self._registry = registry
         self._executor = executor
@@ -51,11 +52,18 @@ class Scheduler:
         self._per_task: dict[str, asyncio.Semaphore] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._validate_task = validate_task
+        self._validate_harness = validate_harness
         self.running = 0
         self.peak_running = 0
 
     async def submit(self, **request: Any) -> list[Rollout]:
-        """Accepts rollouts (see :meth:`RolloutRegistry.submit`) and schedules the new ones."""
+        """Accepts rollouts (see :meth:`RolloutRegistry.submit`) and schedules the new ones.
+
+        Raises:
+            FailedPrecondition: The harness is not installed here (from ``validate_harness``).
+        """
+        if self._validate_harness is not None:
+            self._validate_harness(str(request.get("harness", "")))
         created = await self._registry.submit(**request, validate_task=self._validate_task)
         for r in created:
             if r.rollout_id not in self._tasks and r.status is RolloutStatus.PENDING:

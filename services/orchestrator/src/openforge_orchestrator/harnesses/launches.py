@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from openforge_core.errors import FailedPrecondition, InvalidArgument
-from openforge_orchestrator.domain.rollouts import Rollout
+from openforge_orchestrator.domain.rollouts import HARNESSES, Rollout
 from openforge_orchestrator.domain.sandbox import HarnessLaunch
 from openforge_orchestrator.domain.tasks import Task
 from openforge_orchestrator.harnesses import adapter
@@ -32,6 +32,23 @@ class LaunchFactory:
         self._install_dir = install_dir
         self._default_command = default_command
         self._images = images or {}
+
+    def check_installed(self, harness: str) -> None:
+        """Refuses a submission whose harness is not installed here (local sandboxes only).
+
+        Checked when rollouts are submitted, so a missing install fails the request once instead
+        of failing every rollout of it. Names that are not harnesses are left to the request's
+        own validation (INVALID_ARGUMENT); ``command`` needs no install.
+
+        Raises:
+            FailedPrecondition: reason ``HARNESS_NOT_INSTALLED``, with the install command.
+        """
+        if self._install_dir is None or harness == "command" or harness not in HARNESSES:
+            return
+        try:
+            Installed.load(self._install_dir, harness)
+        except HarnessNotInstalled as exc:
+            raise FailedPrecondition(str(exc), reason="HARNESS_NOT_INSTALLED") from exc
 
     def __call__(self, rollout: Rollout, task: Task, base_url: str, api_key: str, timeout_s: float) -> HarnessLaunch:
         """The launch of one attempt.

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from openforge_core.errors import FailedPrecondition
 from openforge_trainer.domain.config import RunConfig
 from openforge_trainer.domain.ports import (
     Checkpoint,
@@ -52,6 +53,11 @@ if TYPE_CHECKING:
     from openforge_trainer.backends.base import TrainerBackend
 
 log = structlog.get_logger(__name__)
+
+#: Consecutive completed groups without a single sample after which a run fails instead of asking
+#: for more: every rollout ended before its first model call, which retrying cannot fix (a harness
+#: that crashes at start, a sandbox that cannot start, a proxy the harness cannot reach).
+MAX_EMPTY_GROUPS_IN_A_ROW = 16
 
 BackendFactory = Callable[[RunConfig], "TrainerBackend"]
 
@@ -152,6 +158,7 @@ class TrainingLoop:
         self._on_metrics = on_metrics or (lambda step, metrics, t: None)
         self.state = TrainerState()
         self._backend: TrainerBackend | None = None
+        self._empty_groups_in_a_row = 0
 
     @property
     def _sft_offline(self) -> bool:
@@ -334,6 +341,7 @@ class TrainingLoop:
             group = await feed.next()
             cursor = group.cursor
             pending.discard(group.group_id)
+            self._check_not_all_empty(group)
             candidates: list[TrainSample] = list(group.samples)
             if cfg.mode == "sft":
                 candidates = select_for_sft(candidates, cfg.sft.min_reward)
@@ -351,6 +359,27 @@ class TrainingLoop:
                 staleness.extend(ages)
         st.pending_groups = sorted(pending)
         return groups, kept, dropped, staleness, cursor, pending
+
+    def _check_not_all_empty(self, group: CompletedGroup) -> None:
+        """Counts groups that ended without any sample; fails the run after too many in a row.
+
+        Raises:
+            FailedPrecondition: ``MAX_EMPTY_GROUPS_IN_A_ROW`` groups in a row had no sample
+                (reason ``ROLLOUTS_PRODUCE_NO_SAMPLES``); the rollouts' failure reasons are in
+                the orchestrator's GetRollout / the store.
+        """
+        if group.samples:
+            self._empty_groups_in_a_row = 0
+            return
+        self._empty_groups_in_a_row += 1
+        log.warning("run.group_without_samples", run_id=self.run_id, group_id=group.group_id, task_id=group.task_id)
+        if self._empty_groups_in_a_row >= MAX_EMPTY_GROUPS_IN_A_ROW:
+            raise FailedPrecondition(
+                f"{self._empty_groups_in_a_row} groups in a row ended without a single sample (last: "
+                f"{group.group_id}, task {group.task_id}): the rollouts fail before their first model call; "
+                "see their failure_reason (orchestrator GetRollout, or the dashboard)",
+                reason="ROLLOUTS_PRODUCE_NO_SAMPLES",
+            )
 
     # ---- evaluation ----
 
