@@ -12,7 +12,7 @@ from pathlib import Path
 from grpc_health.v1 import health_pb2
 
 from openforge_cli import local
-from openforge_testing.servers import free_port
+from openforge_testing.servers import free_port, free_port_block
 
 
 def _alive(pid: int) -> bool:
@@ -29,7 +29,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
-    base = _free_block(5)
+    base = free_port_block(5)
     nats_port = free_port()
     t0 = time.monotonic()
     up = _cli(
@@ -77,7 +77,7 @@ def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
 def test_up_fails_cleanly_when_a_service_cannot_start(tmp_path: Path) -> None:
     env_model = tmp_path / "no-such-model"
     with_bad_env = {**os.environ, "OPENFORGE_MODEL_PATH": str(env_model)}
-    base = _free_block(5)
+    base = free_port_block(5)
     res = subprocess.run(
         [
             str(Path(sys.executable).parent / "openforge"),
@@ -101,27 +101,3 @@ def test_up_fails_cleanly_when_a_service_cannot_start(tmp_path: Path) -> None:
     assert res.returncode != 0
     assert "inference" in res.stderr
     assert local.UpState.load(tmp_path / "st") is None  # everything started was stopped again
-
-
-def _free_block(n: int) -> int:
-    """The first of ``n`` consecutive ports that can all be bound now, chosen below the kernel's
-    ephemeral range (32768+) so outgoing connections do not take one in the meantime."""
-    import random
-    import socket
-
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32000 - n)
-        socks = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {n} consecutive free ports")

@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,34 +39,12 @@ from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_core.rpc.client import open_channel
 from openforge_testing.plugin import ServiceFactory
-from openforge_testing.servers import NatsServer, free_port
+from openforge_testing.servers import NatsServer, free_port, free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS_DIR = Path(os.environ.get("OPENFORGE_TEST_HARNESS_DIR", ROOT / ".openforge" / "harnesses"))
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
-
-
-def _free_block(n: int) -> int:
-    """First of ``n`` consecutive bindable ports below the ephemeral range."""
-    import random
-
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32000 - n)
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
 
 
 def _config(tmp: Path) -> dict[str, object]:
@@ -183,7 +160,7 @@ def test_train_runs_every_stage_stops_on_sigint_and_resumes(
     config = tmp_path / "train.yaml"
     config.write_text(yaml.safe_dump(_config(tmp_path)))
     state = tmp_path / "state"
-    ports = ["--base-port", str(_free_block(5)), "--nats-port", str(free_port()), "--http-port", str(free_port())]
+    ports = ["--base-port", str(free_port_block(5)), "--nats-port", str(free_port()), "--http-port", str(free_port())]
 
     # 1. interrupted after the warm start's first checkpoint: stops cleanly, resumable
     log1, log2 = tmp_path / "train-1.log", tmp_path / "train-2.log"

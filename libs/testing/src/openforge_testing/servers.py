@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -33,6 +34,32 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def free_port_block(n: int) -> int:
+    """The first of ``n`` consecutive TCP ports on 127.0.0.1 that can all be bound now, chosen
+    below the kernel's ephemeral range (32768+) so outgoing connections do not take one in the
+    meantime (for commands that take a base port, like ``openforge up --base-port``).
+
+    Raises:
+        RuntimeError: No such block found in 200 random tries.
+    """
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - n)
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def nats_server_binary() -> str:
