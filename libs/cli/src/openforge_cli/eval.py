@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 from google.protobuf.duration_pb2 import Duration
@@ -337,6 +338,25 @@ def split_tasks(tasks_root: Path, split: str) -> list[str]:
     return tasks
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def stack_port_options(*, base_port: int, nats_port: int, http_port: int) -> Callable[[_F], _F]:
+    """``--base-port``, ``--nats-port`` and ``--http-port`` of a command that starts its own stack,
+    with that command's defaults (each command has its own, so they can run side by side)."""
+
+    def decorate(f: _F) -> _F:
+        for name, default, top, help_ in (
+            ("--http-port", http_port, 65535, "The proxy's port for harnesses."),
+            ("--nats-port", nats_port, 65535, "Port of the embedded NATS server."),
+            ("--base-port", base_port, 65530, "gRPC port of the first service."),
+        ):
+            f = click.option(name, default=default, type=click.IntRange(1, top), show_default=True, help=help_)(f)
+        return f
+
+    return decorate
+
+
 @click.command("eval")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
@@ -356,27 +376,7 @@ def split_tasks(tasks_root: Path, split: str) -> list[str]:
 )
 @click.option("--run-id", default="", help="Run id of the evaluation rollouts (default: derived from the time).")
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None, help="Default: .openforge/eval/<run id>.")
-@click.option(
-    "--base-port",
-    default=50251,
-    type=click.IntRange(1, 65530),
-    show_default=True,
-    help="gRPC port of the first service.",
-)
-@click.option(
-    "--nats-port",
-    default=4342,
-    type=click.IntRange(1, 65535),
-    show_default=True,
-    help="Port of the embedded NATS server.",
-)
-@click.option(
-    "--http-port",
-    default=8280,
-    type=click.IntRange(1, 65535),
-    show_default=True,
-    help="The proxy's port for harnesses.",
-)
+@stack_port_options(base_port=50251, nats_port=4342, http_port=8280)
 @click.option("--orchestrator", default="", help="Attach to this orchestrator (host:port) instead of starting a stack.")
 def eval_command(
     config: Path,

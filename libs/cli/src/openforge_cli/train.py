@@ -64,7 +64,7 @@ from rich.table import Table
 from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from openforge.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from openforge_cli import local
-from openforge_cli.eval import EvalReport, RolloutSpec, evaluate, report_table, split_tasks
+from openforge_cli.eval import EvalReport, RolloutSpec, evaluate, report_table, split_tasks, stack_port_options
 from openforge_cli.progress import RunProgress
 from openforge_core.rpc.client import open_channel
 
@@ -825,27 +825,7 @@ def run_train(cfg: TrainConfig, stack: LocalStack, console: Console) -> dict[str
     default=None,
     help="Logs, store, checkpoints and phases of the run (default: .openforge/train/<run_id>).",
 )
-@click.option(
-    "--base-port",
-    default=50151,
-    type=click.IntRange(1, 65530),
-    show_default=True,
-    help="gRPC port of the first service.",
-)
-@click.option(
-    "--nats-port",
-    default=4332,
-    type=click.IntRange(1, 65535),
-    show_default=True,
-    help="Port of the embedded NATS server.",
-)
-@click.option(
-    "--http-port",
-    default=8180,
-    type=click.IntRange(1, 65535),
-    show_default=True,
-    help="The proxy's port for harnesses.",
-)
+@stack_port_options(base_port=50151, nats_port=4332, http_port=8180)
 @click.option("--fresh", is_flag=True, help="Delete the state folder first (start over instead of resuming).")
 @click.option("--trainer", default="", help="Attach to this trainer (host:port) instead of starting services.")
 @click.option("--orchestrator", default="", help="With --trainer: the orchestrator of the running services.")

@@ -43,10 +43,19 @@ class LaunchFactory:
         Raises:
             FailedPrecondition: reason ``HARNESS_NOT_INSTALLED``, with the install command.
         """
-        if self._install_dir is None or harness == "command" or harness not in HARNESSES:
-            return
+        if harness in HARNESSES:
+            self._installed(harness)
+
+    def _installed(self, harness: str) -> Installed | None:
+        """The local install of ``harness``; None for ``command`` and on Kubernetes (images).
+
+        Raises:
+            FailedPrecondition: reason ``HARNESS_NOT_INSTALLED``, with the install command.
+        """
+        if self._install_dir is None or harness == "command":
+            return None
         try:
-            Installed.load(self._install_dir, harness)
+            return Installed.load(self._install_dir, harness)
         except HarnessNotInstalled as exc:
             raise FailedPrecondition(str(exc), reason="HARNESS_NOT_INSTALLED") from exc
 
@@ -57,12 +66,7 @@ class LaunchFactory:
             InvalidArgument: A bad ``command`` template.
             FailedPrecondition: The harness is not installed here.
         """
-        installed: Installed | None = None
-        if self._install_dir is not None and rollout.harness != "command":
-            try:
-                installed = Installed.load(self._install_dir, rollout.harness)
-            except HarnessNotInstalled as exc:
-                raise FailedPrecondition(str(exc), reason="HARNESS_NOT_INSTALLED") from exc
+        installed = self._installed(rollout.harness)
         ctx = LaunchContext(
             instruction=task.instruction,
             base_url=base_url,
