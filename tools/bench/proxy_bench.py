@@ -11,8 +11,9 @@ Processes (each its own OS process, as deployed):
   tokenizer);
 * the **floor**: a bare pass-through forwarder (this file, ``--role forwarder``),
   an aiohttp low-level server that reads the body and sends the engine a
-  ``Generate`` of a fixed prompt of the same length through the proxy's own
-  gRPC client, then answers the engine's tokens as SSE events or a small JSON
+  ``Generate`` through the proxy's own gRPC client, of a prompt whose length
+  follows the body's (the first request's tokens per byte; precomputed ids, so
+  no tokenization), then answers the engine's tokens as SSE events or a small JSON
   body: no parsing, no template, no tokenization, no session, no record;
 * the client (this process), aiohttp, sending Claude Code-sized Anthropic
   Messages requests (the captured Claude Code first request, its system
@@ -137,18 +138,33 @@ def _serve_engine(model_dir: str, port: int) -> None:
 
 
 def _serve_forwarder(engine: str, port: int, prompt_file: str) -> None:
+    """The floor: forwards each request to the engine as a prompt as long as the proxy's would be.
+
+    ``prompt_file`` holds ``{"ids": [...], "tokens_per_byte": r}``: ids of a long text (the
+    first request body repeated) and the ratio of tokens to body bytes of the first request.
+    A request of ``n`` bytes is forwarded as the first ``n * r`` ids, so the engine sees the
+    prompt length the proxy's would have (conversations grow; a fixed-length floor would
+    charge the proxy for the engine's larger prompts). The packed encoding of every prefix is
+    a slice of the whole (varints are a prefix code), so the floor still does no per-token work.
+    """
     from aiohttp import web
 
-    from openforge_proxy.adapters import inference
+    from openforge_proxy.adapters.inference import GrpcEngine
     from openforge_proxy.domain.engine import Sampling
+    from openforge_proxy.domain.tokens import PackedIds, ids_array, varint
 
-    ids: list[int] = orjson.loads(Path(prompt_file).read_bytes())
-    prompt: Any = ids
-    if hasattr(inference, "generate_request_bytes"):  # the proxy's packed prompts (a list in older code)
-        from openforge_proxy.domain.tokens import PackedIds, ids_array, pack_ids
+    spec = orjson.loads(Path(prompt_file).read_bytes())
+    all_ids = ids_array(spec["ids"])
+    per_byte = float(spec["tokens_per_byte"])
+    chunks = [varint(i) for i in all_ids]
+    offsets = [0]
+    for c in chunks:
+        offsets.append(offsets[-1] + len(c))
+    packed = b"".join(chunks)
 
-        prompt = PackedIds(ids_array(ids), pack_ids(ids))
-    GrpcEngine = inference.GrpcEngine
+    def prompt_for(body: bytes) -> PackedIds:
+        n = max(1, min(len(all_ids), int(len(body) * per_byte)))
+        return PackedIds(all_ids[:n], packed[: offsets[n]])
 
     async def run() -> None:
         eng = GrpcEngine(engine)
@@ -156,6 +172,7 @@ def _serve_forwarder(engine: str, port: int, prompt_file: str) -> None:
 
         async def handle(request: web.BaseRequest) -> web.StreamResponse:
             body = await request.read()
+            prompt = prompt_for(body)
             stream = b'"stream":true' in body
             if stream:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -342,7 +359,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     base = _first_body(args.body_kb)
     base_json = json.dumps(base)
     prompt = tok.encode(base_json).ids
-    (tmp / "prompt.json").write_bytes(orjson.dumps(prompt))
+    # the floor's prompts: as many ids per body byte as the first request has, up to ~4x its size
+    long_ids = prompt * 4
+    (tmp / "prompt.json").write_bytes(orjson.dumps({"ids": long_ids, "tokens_per_byte": len(prompt) / len(base_json)}))
     print(
         f"fake tokenizer: {tok.get_vocab_size()} entries (trained in {time.monotonic() - t0:.1f} s); "
         f"request body {len(base_json) // 1024} KB = {len(prompt)} tokens as JSON text"

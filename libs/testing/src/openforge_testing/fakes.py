@@ -310,7 +310,7 @@ class SeenRequest:
     logprobs: list[float] = field(default_factory=list)
 
 
-Script = Callable[[list[int]], str]
+Script = Callable[[Sequence[int]], str]
 
 
 class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
@@ -326,7 +326,8 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
         token_delay_s: Sleep between streamed messages, seconds.
         model_name: Reported model name.
         keep_requests: Record each request in :attr:`seen` (off in benchmarks,
-            where it would hold every prompt).
+            where it would hold every prompt; scripts then get the prompt as
+            protobuf's repeated field, not a list).
     """
 
     def __init__(
@@ -407,10 +408,17 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
         if self.fail_next:
             code = self.fail_next.pop(0)
             await context.abort(code, "fake inference failure")
-        prompt = list(request.prompt_token_ids)
-        seen = SeenRequest(request.request_id, prompt, request.sampling)
+        # Without keep_requests (benchmarks) the prompt stays protobuf's container: copying a
+        # 100k-token prompt into a list would cost the fake more than the caller being measured.
+        prompt: Sequence[int]
         if self.keep_requests:
+            kept = list(request.prompt_token_ids)
+            prompt = kept
+            seen = SeenRequest(request.request_id, kept, request.sampling)
             self.seen.append(seen)
+        else:
+            prompt = request.prompt_token_ids
+            seen = SeenRequest(request.request_id, [], request.sampling)
         if self._queue:
             text = self._queue.popleft()
         elif self._default is not None:

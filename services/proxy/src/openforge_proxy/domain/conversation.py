@@ -23,6 +23,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
+from openforge_proxy.domain.scrub import scrub_json_bytes
+
 
 class WireApi(enum.Enum):
     """The HTTP API a harness called."""
@@ -148,6 +152,9 @@ class Message:
     parts: list[Any] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     _template: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
+    _record: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    #: Splice fingerprint, computed once by :func:`openforge_proxy.domain.splice.message_fingerprint`.
+    fingerprint: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def template_dict(self) -> dict[str, Any]:
         """The message as chat templates expect it.
@@ -180,6 +187,17 @@ class Message:
             if self.name is not None:
                 d["name"] = self.name
         return d
+
+    def record_json(self) -> bytes:
+        """:meth:`to_json` as JSON bytes, identifiers scrubbed; built once per message.
+
+        A protocol that reuses a session's unchanged messages across calls (Anthropic
+        Messages) thereby serializes each message for the records once, not once per call.
+        """
+        b = self._record
+        if b is None:
+            b = self._record = scrub_json_bytes(orjson.dumps(self.to_json()))
+        return b
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able form for the call record (template fields plus refs, parts, extra)."""
@@ -243,17 +261,31 @@ class CanonicalRequest:
             "wire_api": self.wire.value,
             "model": self.model,
             "messages": [m.to_json() for m in self.messages],
-            "tools": [
-                {
-                    "name": t.name,
-                    "kind": t.kind.value,
-                    "namespace": t.namespace,
-                    "deferred": t.deferred,
-                    "rendered": t.rendered,
-                }
-                for t in self.tools
-            ],
+            "tools": self._tools_json(),
         }
+
+    def _tools_json(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t.name,
+                "kind": t.kind.value,
+                "namespace": t.namespace,
+                "deferred": t.deferred,
+                "rendered": t.rendered,
+            }
+            for t in self.tools
+        ]
+
+    def record_json(self) -> bytes:
+        """:meth:`to_json` as JSON bytes with identifiers scrubbed (the record's ``canonical_json``).
+
+        Equal, parsed, to ``scrub_json_bytes(orjson.dumps(self.to_json()))``; each message's
+        bytes come from :meth:`Message.record_json` (built once per message object).
+        """
+        head = scrub_json_bytes(orjson.dumps({"wire_api": self.wire.value, "model": self.model}))
+        tools = scrub_json_bytes(orjson.dumps(self._tools_json()))
+        messages = b",".join([m.record_json() for m in self.messages])
+        return b"".join([head[:-1], b',"messages":[', messages, b'],"tools":', tools, b"}"])
 
 
 def text_of(content: Any) -> str:

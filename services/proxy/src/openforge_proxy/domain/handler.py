@@ -85,12 +85,13 @@ class _CallState:
 
 
 class SessionCalls:
-    """Per-session state: the splicer and the calls seen (for attempt numbering)."""
+    """Per-session state: the splicer, the calls seen (for attempt numbering), the previous Messages request."""
 
     def __init__(self, splicer: Splicer) -> None:
         self.splicer = splicer
         self.calls: dict[str, _CallState] = {}
         self.counter = 0
+        self.anthropic = anthropic.ParseMemo()
 
 
 @dataclass(frozen=True)
@@ -318,6 +319,8 @@ class CallHandler:
         try:
             if wire is WireApi.OPENAI_RESPONSES:
                 request = responses.parse(parsed, state.splicer.turn_of_ref)
+            elif wire is WireApi.ANTHROPIC_MESSAGES:
+                request = anthropic.parse(parsed, state.anthropic)
             else:
                 request = _PARSERS[wire](parsed)
         except InvalidArgument as exc:
@@ -475,7 +478,7 @@ class CallHandler:
             model=p.request.model,
             request_json=scrub_json_bytes(body),
             request_headers=scrub_headers(headers),
-            canonical_json=scrub_json_bytes(orjson.dumps(p.request.to_json())),
+            canonical_json=p.request.record_json(),
             prompt=p.plan.prompt,
             completion_ids=gen.ids,
             logprobs=gen.logprobs,

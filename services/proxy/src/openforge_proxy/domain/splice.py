@@ -146,8 +146,11 @@ def fingerprint(content: str, calls: Sequence[tuple[str, Any]]) -> str:
 
 
 def message_fingerprint(msg: Message) -> str:
-    """:func:`fingerprint` of a canonical assistant message."""
-    return fingerprint(msg.content, [(tc.name, tc.arguments) for tc in msg.tool_calls])
+    """:func:`fingerprint` of a canonical assistant message (computed once per message object)."""
+    fp = msg.fingerprint
+    if fp is None:
+        fp = msg.fingerprint = fingerprint(msg.content, [(tc.name, tc.arguments) for tc in msg.tool_calls])
+    return fp
 
 
 @dataclass

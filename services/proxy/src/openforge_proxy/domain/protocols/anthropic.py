@@ -21,6 +21,7 @@ Errors: ``{"type": "error", "error": {"type", "message"}, "request_id"}``.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -137,11 +138,50 @@ def _user(content: Any, extra: dict[str, Any], names: dict[str, str]) -> list[Me
     return out
 
 
-def parse(body: dict[str, Any]) -> CanonicalRequest:
+@dataclass
+class ParseMemo:
+    """A session's previous Messages request, to reuse the canonical form of its unchanged start.
+
+    A harness resends the whole conversation on every call and appends to it. When the
+    ``system`` value and the first ``k`` entries of ``messages`` equal (as parsed JSON) the
+    previous request's, their canonical messages are the previous parse's — the same
+    objects, with the template form, splice fingerprint and record JSON each already built
+    once — and only the entries after them are converted. Whatever differs (an edited or
+    compacted history, another system prompt) is converted again from that point on.
+
+    Attributes:
+        system: The previous request's ``system`` value.
+        raw: Its ``messages`` entries.
+        base: Canonical messages before the first entry (the system message, if any).
+        ends: Canonical messages up to and including each entry of :attr:`raw`.
+        messages: Its canonical messages.
+    """
+
+    system: Any = None
+    raw: list[Any] = field(default_factory=list)
+    base: int = 0
+    ends: list[int] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+
+    def reusable(self, system: Any, raws: list[Any]) -> int | None:
+        """How many leading entries of ``raws`` equal the previous request's; None when there is
+        no previous request or ``system`` changed (not even the system message is reused)."""
+        if not self.messages or system != self.system:
+            return None
+        old = self.raw
+        n = min(len(raws), len(old))
+        k = 0
+        while k < n and raws[k] == old[k]:
+            k += 1
+        return k
+
+
+def parse(body: dict[str, Any], memo: ParseMemo | None = None) -> CanonicalRequest:
     """Maps a Messages request body into the canonical conversation.
 
     Args:
         body: The parsed JSON body.
+        memo: The session's previous request (see :class:`ParseMemo`); updated to this one.
 
     Returns:
         The canonical request (``body`` kept as is).
@@ -153,12 +193,26 @@ def parse(body: dict[str, Any]) -> CanonicalRequest:
     model = body.get("model")
     if not isinstance(model, str):
         raise InvalidArgument.field("model", "must be a string")
-    messages: list[Message] = []
     system = body.get("system")
-    if system is not None:
-        messages.append(Message(role="system", content=text_of(system), parts=non_text_parts(system)))
+    raws = _require_list(body, "messages")
     names: dict[str, str] = {}
-    for i, raw in enumerate(_require_list(body, "messages")):
+    reused = memo.reusable(system, raws) if memo is not None else None
+    if memo is not None and reused is not None:
+        start = reused
+        messages = memo.messages[: memo.ends[start - 1] if start else memo.base]
+        ends = memo.ends[:start]
+        for m in messages:
+            if m.tool_calls:
+                names.update({tc.id: tc.name for tc in m.tool_calls})
+    else:
+        start = 0
+        messages = []
+        ends = []
+        if system is not None:
+            messages.append(Message(role="system", content=text_of(system), parts=non_text_parts(system)))
+    base = 1 if system is not None else 0
+    for i in range(start, len(raws)):
+        raw = raws[i]
         if not isinstance(raw, dict):
             raise InvalidArgument.field(f"messages[{i}]", "must be an object")
         role = raw.get("role")
@@ -174,6 +228,9 @@ def parse(body: dict[str, Any]) -> CanonicalRequest:
             messages.append(Message(role="system", content=text_of(content), extra=extra))
         else:
             raise InvalidArgument.field(f"messages[{i}].role", "must be user, assistant or system")
+        ends.append(len(messages))
+    if memo is not None:
+        memo.system, memo.raw, memo.base, memo.ends, memo.messages = system, raws, base, ends, list(messages)
     tools = [_tool(t, i) for i, t in enumerate(body.get("tools") or [])]
     thinking = body.get("thinking")
     want_reasoning = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
