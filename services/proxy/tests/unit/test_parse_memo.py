@@ -1,0 +1,138 @@
+"""Anthropic Messages parsing that reuses the unchanged start of a session's conversation.
+
+Whatever is reused, the canonical request must equal a fresh parse of the same body: the
+same messages, template forms, tool names and record JSON.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import orjson
+import pytest
+
+from openforge_core.errors import InvalidArgument
+from openforge_proxy.domain.conversation import CanonicalRequest
+from openforge_proxy.domain.protocols import anthropic
+from openforge_proxy.domain.scrub import scrub_json_bytes
+from openforge_testing.captures import CAPTURES, load_run, runs
+
+
+def _same_as_fresh(got: CanonicalRequest, body: dict[str, Any]) -> None:
+    fresh = anthropic.parse(copy.deepcopy(body))
+    assert got.to_json() == fresh.to_json()
+    assert [m.template_dict() for m in got.messages] == [m.template_dict() for m in fresh.messages]
+    assert [m.refs for m in got.messages] == [m.refs for m in fresh.messages]
+    assert orjson.loads(got.record_json()) == orjson.loads(scrub_json_bytes(orjson.dumps(fresh.to_json())))
+
+
+def _conversation(turns: int) -> list[dict[str, Any]]:
+    """A Claude Code-like conversation: each turn a tool call and its result."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "Fix the bug."}]}]
+    for i in range(turns):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": f"step {i}", "signature": f"sig{i}"},
+                    {"type": "tool_use", "id": f"toolu_{i}", "name": "Bash", "input": {"command": f"ls {i}"}},
+                ],
+            }
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": f"out {i}"},
+                    {"type": "text", "text": "<system-reminder>keep going</system-reminder>"},
+                ],
+            }
+        )
+    return messages
+
+
+def _body(messages: list[dict[str, Any]], system: Any = "You are a coding agent.") -> dict[str, Any]:
+    return {
+        "model": "policy",
+        "max_tokens": 100,
+        "system": system,
+        "messages": messages,
+        "tools": [{"name": "Bash", "input_schema": {"type": "object"}}],
+    }
+
+
+def test_growing_conversation_reuses_every_earlier_message() -> None:
+    memo = anthropic.ParseMemo()
+    previous: CanonicalRequest | None = None
+    for turns in range(6):
+        body = _body(_conversation(turns))
+        got = anthropic.parse(body, memo)
+        _same_as_fresh(got, body)
+        if previous is not None:
+            # everything the previous request held is the same objects, the new messages are new
+            n = len(previous.messages)
+            assert all(a is b for a, b in zip(got.messages[:n], previous.messages, strict=True))
+            assert not any(m is p for m in got.messages[n:] for p in previous.messages)
+        previous = got
+    # tool results reused or not carry the tool's name, taken from the assistant message before them
+    assert previous is not None
+    assert [m.name for m in previous.messages if m.role == "tool"] == ["Bash"] * 5
+
+
+def test_edited_history_is_converted_again_from_the_edit() -> None:
+    memo = anthropic.ParseMemo()
+    first = anthropic.parse(_body(_conversation(4)), memo)
+    edited = _conversation(4)
+    edited[4]["content"][0]["content"] = "compacted"  # the second tool result
+    got = anthropic.parse(_body(edited), memo)
+    _same_as_fresh(got, _body(edited))
+    # reused: system, then entries 0-3 (user, assistant, tool + user, assistant); converted again from entry 4
+    assert all(a is b for a, b in zip(got.messages[:6], first.messages[:6], strict=True))
+    assert got.messages[6].role == "tool"
+    assert got.messages[6].content == "compacted"
+    assert not any(m is p for m in got.messages[6:] for p in first.messages)
+
+
+def test_shorter_history_and_other_system_prompt() -> None:
+    memo = anthropic.ParseMemo()
+    first = anthropic.parse(_body(_conversation(4)), memo)
+    shorter = anthropic.parse(_body(_conversation(2)), memo)
+    _same_as_fresh(shorter, _body(_conversation(2)))
+    assert shorter.messages[1] is first.messages[1]
+    other = anthropic.parse(_body(_conversation(2), system=[{"type": "text", "text": "Other."}]), memo)
+    _same_as_fresh(other, _body(_conversation(2), system=[{"type": "text", "text": "Other."}]))
+    assert other.messages[0].content == "Other."
+    assert not any(m is p for m in other.messages for p in shorter.messages)
+    no_system = _body(_conversation(2), system=None)
+    del no_system["system"]
+    got = anthropic.parse(no_system, memo)
+    _same_as_fresh(got, no_system)
+    assert got.messages[0].role == "user"
+
+
+def test_a_refused_request_leaves_the_memo_as_it_was() -> None:
+    memo = anthropic.ParseMemo()
+    anthropic.parse(_body(_conversation(2)), memo)
+    bad = _conversation(3)
+    bad[-1] = {"role": "robot", "content": "x"}
+    with pytest.raises(InvalidArgument):
+        anthropic.parse(_body(bad), memo)
+    assert len(memo.raw) == 5
+    body = _body(_conversation(3))
+    _same_as_fresh(anthropic.parse(body, memo), body)
+
+
+def test_captured_claude_code_and_openclaw_sessions_parse_as_fresh() -> None:
+    checked = 0
+    for run in runs(CAPTURES):
+        memo = anthropic.ParseMemo()
+        docs, _ = load_run(run)
+        for doc in docs:
+            path = str(doc.get("path", "")).split("?")[0]
+            if not path.endswith("/messages"):
+                continue
+            body = doc["body"]
+            _same_as_fresh(anthropic.parse(copy.deepcopy(body), memo), body)
+            checked += 1
+    assert checked >= 10
