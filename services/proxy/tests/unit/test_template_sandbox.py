@@ -1,4 +1,5 @@
-"""The template's sandbox fast path (``message.role`` on plain dicts) changes no rendering and no restriction."""
+"""The template's sandbox fast paths (``message.role`` on plain dicts, macro calls) change no rendering
+and no restriction."""
 
 from __future__ import annotations
 
@@ -63,3 +64,36 @@ def test_restrictions_and_dict_methods_are_unchanged() -> None:
         assert got == want
     with pytest.raises(jinja2.exceptions.SecurityError):
         tpl.ChatTemplate("{{ messages[0].clear() }}").render([{"role": "user", "content": "x"}])
+
+
+_MACROS = """\
+{%- macro show(x, sep=':', upper=false) -%}
+{{ x.role ~ sep }}{{ (x.content | string).upper() if upper else x.content }}{{ varargs | length }}{{ kwargs | length }}
+{%- endmacro -%}
+{%- macro wrap() -%}[{{ caller() }}]{%- endmacro -%}
+{%- for m in messages -%}
+{{ show(m) }}|{{ show(m, '=', upper=true) }}|{{ show(m, '-', false, 1, 2, extra=3) }}|{{ show(m, sep=loop.index) }}|
+{%- call wrap() %}{{ loop.index0 }}{{ show(m) }}{% endcall -%}
+{%- endfor -%}
+{%- set ns = namespace(total=0) -%}
+{%- for m in messages %}{% set ns.total = ns.total + 1 %}{{ show(m) if loop.last }}{% endfor -%}
+{{ ns.total }}
+"""
+
+
+def test_macro_calls_render_as_the_reference_and_stay_sandboxed() -> None:
+    conv = _conversation()
+    assert tpl.ChatTemplate(_MACROS).render(conv) == _plain(_MACROS).render(conv)
+    for bad in ("{{ m(1) }}", "{{ m() }}", "{{ m(1, nope=2) }}"):
+        source = "{% macro m(a) %}{{ a }}{% endmacro %}" + bad
+        if bad == "{{ m(1, nope=2) }}":
+            with pytest.raises(TypeError):
+                tpl.ChatTemplate(source).render([])
+            with pytest.raises(TypeError):
+                _plain(source).render([])
+        else:
+            assert tpl.ChatTemplate(source).render([]) == _plain(source).render([])
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        tpl.ChatTemplate("{% macro m(x) %}{{ x.clear() }}{% endmacro %}{{ m(messages[0]) }}").render(
+            [{"role": "user", "content": "x"}]
+        )

@@ -22,6 +22,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+from jinja2.runtime import Context, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from openforge_core.errors import FailedPrecondition
@@ -67,15 +68,32 @@ _DICT_ATTRS = frozenset(dir(dict))
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
-    """``ImmutableSandboxedEnvironment`` with a fast path for ``message.role`` on plain dicts.
+    """``ImmutableSandboxedEnvironment`` with fast paths for ``message.role`` on plain dicts and
+    for calls of the template's own macros.
 
     The sandbox resolves ``obj.name`` by trying the attribute first and, on
     ``AttributeError``, the item. For a plain ``dict`` and a name that is not an
     attribute of ``dict`` that attempt always fails, so the result is always the item (or
     undefined): returning it directly is the same value without raising and catching an
-    exception per lookup (a template reads several per message, every call). Everything
-    else goes through the sandbox unchanged.
+    exception per lookup (a template reads several per message, every call).
+
+    A call of a macro the template defined (``render_content(message.content)``, once per
+    message in Qwen-style templates) is always safe and takes no context argument, so it is
+    made directly, with what ``SandboxedEnvironment.call`` and ``Context.call`` (Jinja 3.1)
+    would do for it: drop the ``_loop_vars``/``_block_vars`` bookkeeping arguments, and turn a
+    ``StopIteration`` into an undefined value. Everything else goes through the sandbox
+    unchanged.
     """
+
+    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if type(__obj) is Macro:
+            kwargs.pop("_block_vars", None)
+            kwargs.pop("_loop_vars", None)
+            try:
+                return __obj(*args, **kwargs)
+            except StopIteration:
+                return __self.undefined("value was undefined because a callable raised a StopIteration exception")
+        return super().call(__context, __obj, *args, **kwargs)
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         if type(obj) is dict and attribute not in _DICT_ATTRS:
