@@ -14,7 +14,7 @@ from openforge_proxy.domain.engine import Sampling
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import CallRecordData
 from openforge_proxy.domain.scrub import scrub_json_bytes
-from openforge_proxy.domain.splice import SpliceReport
+from openforge_proxy.domain.splice import BreakCause, Span, SpliceReport
 from openforge_proxy.domain.tokens import PackedIds, ids_array, pack_ids
 
 IDS = [0, 1, 127, 128, 16383, 16384, 2_097_151, 2_097_152, 151_643, *random.Random(0).choices(range(200_000), k=500)]
@@ -74,6 +74,29 @@ def test_event_bytes_parse_as_the_protobuf_event() -> None:
     )
     assert len(raw) == events_pb2.CallRecorded(event_id=data.event_id, record=record_proto(data)).ByteSize()
     assert list(got.record.prompt_token_ids) == IDS and list(got.record.completion_token_ids) == [5, 6]
+    # a report with spans, notes and a cause; serialized twice (the second time from the span memo)
+    reused = [Span(0, 3, "call0001-abc"), Span(5, 9, "call0002-def")]
+    data.splice = SpliceReport(
+        reused=reused,
+        rendered=[Span(3, 5), Span(9, 12)],
+        break_cause=BreakCause.TEMPLATE_DRIFT,
+        break_detail="at 7",
+        notes=["kept 1"],
+        extends_call_id="call0002-def",
+    )
+    for _ in range(2):
+        raw = event_bytes(data)
+        want = events_pb2.CallRecorded(event_id=data.event_id, record=record_proto(data))
+        assert events_pb2.CallRecorded.FromString(raw) == want
+        assert len(raw) == want.ByteSize()
+    assert [s.source_call_id for s in events_pb2.CallRecorded.FromString(raw).record.splice.reused] == [
+        "call0001-abc",
+        "call0002-def",
+    ]
+    data.splice = SpliceReport(reused=[*reused, Span(12, 14, "call0003-ghi")])  # shares two span objects
+    assert events_pb2.CallRecorded.FromString(event_bytes(data)) == events_pb2.CallRecorded(
+        event_id=data.event_id, record=record_proto(data)
+    )
 
 
 def test_scrub_replaces_identifier_values_only() -> None:

@@ -74,6 +74,7 @@ def test_growing_conversation_reuses_every_earlier_message() -> None:
             n = len(previous.messages)
             assert all(a is b for a, b in zip(got.messages[:n], previous.messages, strict=True))
             assert not any(m is p for m in got.messages[n:] for p in previous.messages)
+            assert got.tools is previous.tools
         previous = got
     # tool results reused or not carry the tool's name, taken from the assistant message before them
     assert previous is not None
@@ -109,6 +110,18 @@ def test_shorter_history_and_other_system_prompt() -> None:
     got = anthropic.parse(no_system, memo)
     _same_as_fresh(got, no_system)
     assert got.messages[0].role == "user"
+
+
+def test_other_tools_are_converted_again() -> None:
+    memo = anthropic.ParseMemo()
+    first = anthropic.parse(_body(_conversation(1)), memo)
+    body = _body(_conversation(2))
+    body["tools"] = [*body["tools"], {"name": "Read", "input_schema": {"type": "object"}, "defer_loading": True}]
+    got = anthropic.parse(body, memo)
+    _same_as_fresh(got, body)
+    assert got.tools is not first.tools
+    assert [t.name for t in got.tools] == ["Bash", "Read"] and got.tools[1].deferred
+    assert got.messages[1] is first.messages[1]
 
 
 def test_a_refused_request_leaves_the_memo_as_it_was() -> None:

@@ -24,7 +24,7 @@ from openforge_core.events import EventBus, subject_for
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import CallRecordData
-from openforge_proxy.domain.splice import BreakCause, SpliceReport
+from openforge_proxy.domain.splice import BreakCause, Span, SpliceReport
 from openforge_proxy.domain.tokens import varint
 
 SUBJECT = subject_for("proxy", "call_recorded")
@@ -64,8 +64,43 @@ def splice_proto(report: SpliceReport) -> common_pb2.SpliceReport:
     )
 
 
+_REUSED_TAG = varint(1 << 3 | 2)  # SpliceReport.reused
+_RENDERED_TAG = varint(2 << 3 | 2)  # SpliceReport.rendered
+#: Serialized spans, by span object: a session's prompts share their leading span objects
+#: (the splicer resumes from its previous render), so each is serialized once, not per call.
+_SPAN_BYTES: dict[tuple[int, bytes], tuple[Span, bytes]] = {}
+_SPAN_MEMO = 1 << 16
+
+
+def _span_bytes(tag: bytes, span: Span) -> bytes:
+    key = (id(span), tag)
+    hit = _SPAN_BYTES.get(key)
+    if hit is not None and hit[0] is span:
+        return hit[1]
+    body = common_pb2.SpliceSpan(start=span.start, end=span.end, source_call_id=span.source_call_id).SerializeToString()
+    out = tag + varint(len(body)) + body
+    if len(_SPAN_BYTES) >= _SPAN_MEMO:
+        _SPAN_BYTES.clear()
+    _SPAN_BYTES[key] = (span, out)
+    return out
+
+
+def splice_bytes(report: SpliceReport) -> bytes:
+    """The serialized ``SpliceReport`` (equal, parsed, to :func:`splice_proto`'s)."""
+    tail = common_pb2.SpliceReport(
+        break_cause=_BREAK[report.break_cause],
+        break_detail=report.break_detail,
+        notes=report.notes,
+        extends_call_id=report.extends_call_id,
+    ).SerializeToString()
+    parts = [_span_bytes(_REUSED_TAG, s) for s in report.reused]
+    parts += [_span_bytes(_RENDERED_TAG, s) for s in report.rendered]
+    parts.append(tail)
+    return b"".join(parts)
+
+
 def record_proto(
-    data: CallRecordData, *, structs: bool = False, prompt: bool = True, large: bool = True
+    data: CallRecordData, *, structs: bool = False, prompt: bool = True, large: bool = True, splice: bool = True
 ) -> common_pb2.CallRecord:
     """``CallRecord`` message of a domain record.
 
@@ -74,6 +109,7 @@ def record_proto(
         structs: Also fill the ``request`` and ``canonical_messages`` Structs
             (costly for large bodies: about 1 ms per 100 KB).
         prompt: Fill ``prompt_token_ids`` (:func:`event_bytes` appends them packed instead).
+        splice: Fill ``splice`` (:func:`event_bytes` appends :func:`splice_bytes` instead).
         large: Fill ``request_json``, ``response_body`` and ``canonical_json`` (:func:`event_bytes`
             appends them by hand instead).
     """
@@ -101,12 +137,13 @@ def record_proto(
         completion_policy_versions=data.policy_versions,
         sampling=sampling,
         finish_reason=_FINISH[data.finish],
-        splice=splice_proto(data.splice),
         http_status=data.http_status,
         request_headers=data.request_headers,
         model=data.model,
         stream=data.stream,
     )
+    if splice:
+        rec.splice.CopyFrom(splice_proto(data.splice))
     if large:
         rec.request_json = data.request_json
         rec.response_body = data.response_body
@@ -125,6 +162,7 @@ def record_proto(
 
 
 _RECORD_PROMPT_TAG = varint(8 << 3 | 2)  # CallRecord.prompt_token_ids
+_RECORD_SPLICE_TAG = varint(17 << 3 | 2)  # CallRecord.splice
 _RECORD_REQUEST_JSON_TAG = varint(19 << 3 | 2)  # CallRecord.request_json
 _RECORD_RESPONSE_BODY_TAG = varint(21 << 3 | 2)  # CallRecord.response_body
 _RECORD_CANONICAL_JSON_TAG = varint(22 << 3 | 2)  # CallRecord.canonical_json
@@ -137,11 +175,14 @@ def event_bytes(data: CallRecordData, *, structs: bool = False) -> bytes:
     The large fields (the packed prompt ids, the request body, the canonical conversation and
     the response bytes: hundreds of KB for a Claude Code call) are appended as length-delimited
     fields by hand and the event is joined once, so each byte is copied once, not into the
-    message, out of it and again into the event.
+    message, out of it and again into the event. The splice report (a span per reused turn)
+    is appended as :func:`splice_bytes`.
     """
-    small = record_proto(data, structs=structs, prompt=False, large=False).SerializeToString()
-    parts = [small]
-    size = len(small)
+    small = record_proto(data, structs=structs, prompt=False, large=False, splice=False).SerializeToString()
+    splice = splice_bytes(data.splice)
+    splice_head = _RECORD_SPLICE_TAG + varint(len(splice))  # always present, as record_proto sets it
+    parts = [small, splice_head, splice]
+    size = len(small) + len(splice_head) + len(splice)
     for tag, value in (
         (_RECORD_PROMPT_TAG, data.prompt.packed),
         (_RECORD_REQUEST_JSON_TAG, data.request_json),

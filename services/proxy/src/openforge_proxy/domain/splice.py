@@ -345,6 +345,7 @@ class Splicer:
         self._after: dict[tuple[str | None, str], list[str]] = {}  # (parent, fingerprint) -> turns
         self.heads: OrderedDict[str, Head] = OrderedDict()
         self._memo: _RenderMemo | None = None
+        self._tools: tuple[Sequence[Tool], tuple[str, list[dict[str, Any]]]] | None = None
 
     # --- matching -----------------------------------------------------------
 
@@ -386,11 +387,18 @@ class Splicer:
 
         Calls (of every session) offering the same tools get the same template form objects
         (:meth:`ChatTemplate.shared_tools`; equal JSON of parsed JSON values is equal values),
-        so the template's ``tojson`` of them runs once, not once per call.
+        so the template's ``tojson`` of them runs once, not once per call. The same list of
+        tools as the previous call's (a protocol that reuses its parse, Anthropic Messages) is
+        not serialized again.
         """
+        last = self._tools
+        if last is not None and last[0] is tools:
+            return last[1]
         dicts = [t.template_dict() for t in tools if t.rendered]
         key = hashlib.blake2b(orjson.dumps(dicts), digest_size=16).hexdigest()
-        return key, self._tpl.shared_tools(key, dicts)
+        out = key, self._tpl.shared_tools(key, dicts)
+        self._tools = (tools, out)
+        return out
 
     def build(
         self,

@@ -155,6 +155,9 @@ class ParseMemo:
         base: Canonical messages before the first entry (the system message, if any).
         ends: Canonical messages up to and including each entry of :attr:`raw`.
         messages: Its canonical messages.
+        raw_tools: Its ``tools`` value.
+        tools: Their canonical form (the same list object while ``tools`` does not change,
+            so the splicer's tools identity is computed once).
     """
 
     system: Any = None
@@ -162,6 +165,8 @@ class ParseMemo:
     base: int = 0
     ends: list[int] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
+    raw_tools: Any = None
+    tools: list[Tool] = field(default_factory=list)
 
     def reusable(self, system: Any, raws: list[Any]) -> int | None:
         """How many leading entries of ``raws`` equal the previous request's; None when there is
@@ -229,9 +234,14 @@ def parse(body: dict[str, Any], memo: ParseMemo | None = None) -> CanonicalReque
         else:
             raise InvalidArgument.field(f"messages[{i}].role", "must be user, assistant or system")
         ends.append(len(messages))
+    raw_tools = body.get("tools") or []
+    if memo is not None and memo.messages and raw_tools == memo.raw_tools:
+        tools = memo.tools
+    else:
+        tools = [_tool(t, i) for i, t in enumerate(raw_tools)]
     if memo is not None:
         memo.system, memo.raw, memo.base, memo.ends, memo.messages = system, raws, base, ends, list(messages)
-    tools = [_tool(t, i) for i, t in enumerate(body.get("tools") or [])]
+        memo.raw_tools, memo.tools = raw_tools, tools
     thinking = body.get("thinking")
     want_reasoning = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
     max_tokens = body.get("max_tokens")
