@@ -440,7 +440,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 await rollouts(args.sessions, "mem-open", close=False)
                 rss1 = rss_bytes(pid)
                 per_session = (rss1 - rss0) / args.sessions
-                await rollouts(args.rollouts // 5, "mem-warm", close=True)
+                # warm-up: more closed sessions than the proxy remembers (OPENFORGE_MAX_ENDED_SESSIONS,
+                # 256 by default), so that bounded state is full before growth is measured
+                await rollouts(max(args.rollouts // 5, 300), "mem-warm", close=True)
                 rss2 = rss_bytes(pid)
                 half = args.rollouts // 2
                 await rollouts(half, "mem-closed-a", close=True)

@@ -21,6 +21,7 @@ Errors: ``{"type": "error", "error": {"type", "message"}, "request_id"}``.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,33 @@ def _tool(raw: Any, index: int) -> Tool:
         deferred=bool(raw.get("defer_loading")),
         raw=raw,
     )
+
+
+#: Canonical tool lists by the JSON of the ``tools`` they came from, most recently used last.
+_TOOL_LISTS: OrderedDict[bytes, list[Tool]] = OrderedDict()
+#: Distinct tool lists kept.
+_TOOL_LISTS_KEPT = 64
+
+
+def _tools(raw: Any) -> list[Tool]:
+    """The canonical tools of a ``tools`` value.
+
+    Every call of every session of a harness sends the same tools: their canonical list is
+    kept by the JSON it came from, so it is converted once and the same list object is
+    handed to every call (the splicer then hashes it once; it is never changed).
+    """
+    if not isinstance(raw, list):
+        raise InvalidArgument.field("tools", "must be a list")
+    key = orjson.dumps(raw)
+    kept = _TOOL_LISTS.get(key)
+    if kept is not None:
+        _TOOL_LISTS.move_to_end(key)
+        return kept
+    tools = [_tool(t, i) for i, t in enumerate(raw)]
+    _TOOL_LISTS[key] = tools
+    if len(_TOOL_LISTS) > _TOOL_LISTS_KEPT:
+        _TOOL_LISTS.popitem(last=False)
+    return tools
 
 
 def _assistant(content: Any, extra: dict[str, Any]) -> Message:
@@ -155,9 +183,6 @@ class ParseMemo:
         base: Canonical messages before the first entry (the system message, if any).
         ends: Canonical messages up to and including each entry of :attr:`raw`.
         messages: Its canonical messages.
-        raw_tools: Its ``tools`` value.
-        tools: Their canonical form (the same list object while ``tools`` does not change,
-            so the splicer's tools identity is computed once).
     """
 
     system: Any = None
@@ -165,8 +190,6 @@ class ParseMemo:
     base: int = 0
     ends: list[int] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
-    raw_tools: Any = None
-    tools: list[Tool] = field(default_factory=list)
 
     def reusable(self, system: Any, raws: list[Any]) -> int | None:
         """How many leading entries of ``raws`` equal the previous request's; None when there is
@@ -234,14 +257,9 @@ def parse(body: dict[str, Any], memo: ParseMemo | None = None) -> CanonicalReque
         else:
             raise InvalidArgument.field(f"messages[{i}].role", "must be user, assistant or system")
         ends.append(len(messages))
-    raw_tools = body.get("tools") or []
-    if memo is not None and memo.messages and raw_tools == memo.raw_tools:
-        tools = memo.tools
-    else:
-        tools = [_tool(t, i) for i, t in enumerate(raw_tools)]
+    tools = _tools(body.get("tools") or [])
     if memo is not None:
         memo.system, memo.raw, memo.base, memo.ends, memo.messages = system, raws, base, ends, list(messages)
-        memo.raw_tools, memo.tools = raw_tools, tools
     thinking = body.get("thinking")
     want_reasoning = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
     max_tokens = body.get("max_tokens")
