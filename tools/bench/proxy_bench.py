@@ -32,7 +32,8 @@ Measured, forwarder and proxy in the same run:
     with recorded calls (rollouts of two calls, sessions closed after; bytes
     per call between two checkpoints, and over the second half alone: bounded
     caches, such as the most recently closed sessions the proxy remembers,
-    fill during the first);
+    fill during a warm-up before; RSS moves in steps of the allocator's arenas, so
+    a few thousand calls are needed to tell steps from steady growth);
 (d) the proxy's CPU per call (all its threads, from ``/proc``) at turn 2 and
     at turn ``--turns`` of a growing conversation.
 
@@ -523,7 +524,7 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=200, help="(a) calls at one session")
     parser.add_argument("--duration", type=float, default=10.0, help="(b) seconds per measurement")
     parser.add_argument("--sessions", type=int, default=100, help="(c) sessions held open")
-    parser.add_argument("--rollouts", type=int, default=500, help="(c) two-call rollouts in closed sessions")
+    parser.add_argument("--rollouts", type=int, default=2000, help="(c) two-call rollouts in closed sessions")
     parser.add_argument("--turns", type=int, default=100, help="(d) turns of the growing conversation")
     parser.add_argument("--body-kb", type=int, default=155)
     parser.add_argument("--json", default="", help="also write the results here")
