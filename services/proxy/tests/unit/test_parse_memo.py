@@ -20,11 +20,15 @@ from openforge_testing.captures import CAPTURES, load_run, runs
 
 
 def _same_as_fresh(got: CanonicalRequest, body: dict[str, Any]) -> None:
+    """Compared as serialized JSON: ``==`` on parsed values ignores key order and takes 1, 1.0
+    and true for one another, differences the template and the record do not ignore."""
     fresh = anthropic.parse(copy.deepcopy(body))
-    assert got.to_json() == fresh.to_json()
-    assert [m.template_dict() for m in got.messages] == [m.template_dict() for m in fresh.messages]
+    assert orjson.dumps(got.to_json()) == orjson.dumps(fresh.to_json())
+    assert orjson.dumps([m.template_dict() for m in got.messages]) == orjson.dumps(
+        [m.template_dict() for m in fresh.messages]
+    )
     assert [m.refs for m in got.messages] == [m.refs for m in fresh.messages]
-    assert orjson.loads(got.record_json()) == orjson.loads(scrub_json_bytes(orjson.dumps(fresh.to_json())))
+    assert got.record_json() == scrub_json_bytes(orjson.dumps(fresh.to_json()))
 
 
 def _conversation(turns: int) -> list[dict[str, Any]]:
@@ -110,6 +114,35 @@ def test_shorter_history_and_other_system_prompt() -> None:
     got = anthropic.parse(no_system, memo)
     _same_as_fresh(got, no_system)
     assert got.messages[0].role == "user"
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ({"a": 1, "b": 2}, {"b": 2, "a": 1}),  # re-serialized with another key order
+        ({"n": 1}, {"n": 1.0}),
+        ({"n": 1}, {"n": True}),
+        ({"n": 0}, {"n": False}),
+    ],
+)
+def test_values_equal_to_python_but_not_the_same_json_are_converted_again(
+    before: dict[str, Any], after: dict[str, Any]
+) -> None:
+    memo = anthropic.ParseMemo()
+    messages = _conversation(2)
+    messages[1]["content"][1]["input"] = before
+    first = anthropic.parse(_body(messages), memo)
+    resent = copy.deepcopy(messages)
+    resent[1]["content"][1]["input"] = after
+    got = anthropic.parse(_body(resent), memo)
+    _same_as_fresh(got, _body(resent))
+    assert got.messages[2].tool_calls[0].arguments is not first.messages[2].tool_calls[0].arguments
+    assert orjson.dumps(got.messages[2].tool_calls[0].arguments) == orjson.dumps(after)
+    system = [{"type": "image", "source": {"type": "base64", "data": "x", "media_type": "image/png"}}]
+    reordered = [{"type": "image", "source": {"media_type": "image/png", "type": "base64", "data": "x"}}]
+    anthropic.parse(_body(resent, system=system), memo)
+    got = anthropic.parse(_body(resent, system=reordered), memo)
+    _same_as_fresh(got, _body(resent, system=reordered))
 
 
 def test_other_tools_are_converted_again() -> None:

@@ -84,6 +84,12 @@ _MACROS = """\
 def test_macro_calls_render_as_the_reference_and_stay_sandboxed() -> None:
     conv = _conversation()
     assert tpl.ChatTemplate(_MACROS).render(conv) == _plain(_MACROS).render(conv)
+    # the active eval context reaches the macro (autoescaping decided where it is called)
+    escaping = (
+        "{% macro m(x) %}<b>{{ x }}</b>{% endmacro %}"
+        "{% autoescape true %}{{ m('a&b') }}{% autoescape false %}{{ m('<i>') }}{% endautoescape %}{% endautoescape %}"
+    )
+    assert tpl.ChatTemplate(escaping).render([]) == _plain(escaping).render([]) == "<b>a&b</b><b><i></b>"
     for bad in ("{{ m(1) }}", "{{ m() }}", "{{ m(1, nope=2) }}"):
         source = "{% macro m(a) %}{{ a }}{% endmacro %}" + bad
         if bad == "{{ m(1, nope=2) }}":

@@ -78,11 +78,11 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     exception per lookup (a template reads several per message, every call).
 
     A call of a macro the template defined (``render_content(message.content)``, once per
-    message in Qwen-style templates) is always safe and takes no context argument, so it is
-    made directly, with what ``SandboxedEnvironment.call`` and ``Context.call`` (Jinja 3.1)
-    would do for it: drop the ``_loop_vars``/``_block_vars`` bookkeeping arguments, and turn a
-    ``StopIteration`` into an undefined value. Everything else goes through the sandbox
-    unchanged.
+    message in Qwen-style templates) is always safe, so it is made directly, with what
+    ``SandboxedEnvironment.call`` and ``Context.call`` (Jinja 3.1) would do for it: pass the
+    active eval context first (``Macro.__call__`` takes it, for autoescaping), drop the
+    ``_loop_vars``/``_block_vars`` bookkeeping arguments, and turn a ``StopIteration`` into
+    an undefined value. Everything else goes through the sandbox unchanged.
     """
 
     def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
@@ -90,7 +90,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             kwargs.pop("_block_vars", None)
             kwargs.pop("_loop_vars", None)
             try:
-                return __obj(*args, **kwargs)
+                return __obj(__context.eval_ctx, *args, **kwargs)
             except StopIteration:
                 return __self.undefined("value was undefined because a callable raised a StopIteration exception")
         return super().call(__context, __obj, *args, **kwargs)

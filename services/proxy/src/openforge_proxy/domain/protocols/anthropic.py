@@ -171,35 +171,40 @@ class ParseMemo:
     """A session's previous Messages request, to reuse the canonical form of its unchanged start.
 
     A harness resends the whole conversation on every call and appends to it. When the
-    ``system`` value and the first ``k`` entries of ``messages`` equal (as parsed JSON) the
+    ``system`` value and the first ``k`` entries of ``messages`` are the same JSON as the
     previous request's, their canonical messages are the previous parse's — the same
     objects, with the template form, splice fingerprint and record JSON each already built
     once — and only the entries after them are converted. Whatever differs (an edited or
     compacted history, another system prompt) is converted again from that point on.
 
+    "The same JSON" is compared on serialized bytes, not with ``==``: Python's equality
+    ignores key order and takes ``1``, ``1.0`` and ``true`` for one another, and either
+    can change what is rendered or recorded (re-serialized tool arguments keep the order
+    the harness sent).
+
     Attributes:
-        system: The previous request's ``system`` value.
-        raw: Its ``messages`` entries.
+        system: The previous request's ``system`` value, serialized (empty before the first).
+        raw: Its ``messages`` entries, each serialized.
         base: Canonical messages before the first entry (the system message, if any).
         ends: Canonical messages up to and including each entry of :attr:`raw`.
         messages: Its canonical messages.
     """
 
-    system: Any = None
-    raw: list[Any] = field(default_factory=list)
+    system: bytes = b""
+    raw: list[bytes] = field(default_factory=list)
     base: int = 0
     ends: list[int] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
 
-    def reusable(self, system: Any, raws: list[Any]) -> int | None:
-        """How many leading entries of ``raws`` equal the previous request's; None when there is
-        no previous request or ``system`` changed (not even the system message is reused)."""
+    def reusable(self, system: bytes, entries: list[bytes]) -> int | None:
+        """How many leading ``entries`` equal the previous request's; None when there is no
+        previous request or ``system`` changed (not even the system message is reused)."""
         if not self.messages or system != self.system:
             return None
         old = self.raw
-        n = min(len(raws), len(old))
+        n = min(len(entries), len(old))
         k = 0
-        while k < n and raws[k] == old[k]:
+        while k < n and entries[k] == old[k]:
             k += 1
         return k
 
@@ -224,7 +229,11 @@ def parse(body: dict[str, Any], memo: ParseMemo | None = None) -> CanonicalReque
     system = body.get("system")
     raws = _require_list(body, "messages")
     names: dict[str, str] = {}
-    reused = memo.reusable(system, raws) if memo is not None else None
+    reused: int | None = None
+    if memo is not None:
+        system_json = orjson.dumps(system)
+        entries = [orjson.dumps(raw) for raw in raws]
+        reused = memo.reusable(system_json, entries)
     if memo is not None and reused is not None:
         start = reused
         messages = memo.messages[: memo.ends[start - 1] if start else memo.base]
@@ -259,7 +268,7 @@ def parse(body: dict[str, Any], memo: ParseMemo | None = None) -> CanonicalReque
         ends.append(len(messages))
     tools = _tools(body.get("tools") or [])
     if memo is not None:
-        memo.system, memo.raw, memo.base, memo.ends, memo.messages = system, raws, base, ends, list(messages)
+        memo.system, memo.raw, memo.base, memo.ends, memo.messages = system_json, entries, base, ends, list(messages)
     thinking = body.get("thinking")
     want_reasoning = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
     max_tokens = body.get("max_tokens")
