@@ -23,7 +23,7 @@ Processes (each its own OS process, as deployed):
 Measured, forwarder and proxy in the same run:
 
 (a) latency at one session: non-streaming total and streaming time to first
-    byte, p50/p99, and "added" = proxy − forwarder;
+    byte, p50/p99, and "added" = proxy − forwarder (calls to the two interleaved);
 (b) calls/s at 32 and 128 concurrent sessions, closed loop (each session sends
     its next call when the previous answer arrived), counted once every session
     made its first two calls (a session's first call tokenizes its whole
@@ -283,23 +283,37 @@ class Target:
         return {"x-api-key": key, "anthropic-version": "2023-06-01", "content-type": "application/json"}
 
 
-async def latency(target: Target, base: dict[str, Any], calls: int, result_chars: int) -> dict[str, float]:
-    conv = Conversation(base, f"lat-{target.name}", result_chars)
-    headers = await target.headers(f"lat-{target.name}-{time.monotonic_ns()}")
-    totals: list[float] = []
-    ttfbs: list[float] = []
+async def latency(
+    targets: list[Target], base: dict[str, Any], calls: int, result_chars: int
+) -> dict[str, dict[str, float]]:
+    """Latency of one growing conversation per target, the targets' calls interleaved.
+
+    Call ``i`` goes to every target in turn before call ``i + 1``, so both see the same
+    conversation length at the same moment and a change of the machine's speed during the
+    run (other load, frequency scaling) affects them alike. Even calls are non-streaming,
+    odd calls streaming; the first 10 calls of each are not counted.
+    """
+    convs = {t.name: Conversation(base, f"lat-{t.name}", result_chars) for t in targets}
+    headers = {t.name: await t.headers(f"lat-{t.name}-{time.monotonic_ns()}") for t in targets}
+    totals: dict[str, list[float]] = {t.name: [] for t in targets}
+    ttfbs: dict[str, list[float]] = {t.name: [] for t in targets}
     async with aiohttp.ClientSession() as client:
         for i in range(calls + 10):
             stream = i % 2 == 1
-            t = await _post(client, target.url, conv.payload(stream), headers, stream)
-            conv.answered()
-            if i >= 10:
-                (ttfbs if stream else totals).append(t)
+            for t in targets:
+                conv = convs[t.name]
+                took = await _post(client, t.url, conv.payload(stream), headers[t.name], stream)
+                conv.answered()
+                if i >= 10:
+                    (ttfbs if stream else totals)[t.name].append(took)
     return {
-        "total_p50": _pct(totals, 0.5),
-        "total_p99": _pct(totals, 0.99),
-        "ttfb_p50": _pct(ttfbs, 0.5),
-        "ttfb_p99": _pct(ttfbs, 0.99),
+        t.name: {
+            "total_p50": _pct(totals[t.name], 0.5),
+            "total_p99": _pct(totals[t.name], 0.99),
+            "ttfb_p50": _pct(ttfbs[t.name], 0.5),
+            "ttfb_p99": _pct(ttfbs[t.name], 0.99),
+        }
+        for t in targets
     }
 
 
@@ -414,8 +428,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 fw = Target("forwarder", f"http://127.0.0.1:{fwd_port}{url_path}", None)
                 # (c) runs first, on a fresh proxy: only the model load and one warm-up
                 # conversation before it, not the thousands of sessions (a), (b) leave open.
-                await latency(px, base, 2, 200)
-                await latency(fw, base, 4, 200)
+                await latency([px, fw], base, 2, 200)
 
                 print("\n(c) proxy memory (RSS), measured first on a fresh proxy")
                 pid = proxy.pid
@@ -468,7 +481,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 )
 
                 print(f"\n(a) latency at one session, {args.calls} calls (half streaming), ms")
-                lat = {t.name: await latency(t, base, args.calls, 200) for t in (fw, px)}
+                lat = await latency([fw, px], base, args.calls, 200)
                 results["latency_ms"] = lat
                 print(f"{'':10} {'total p50':>10} {'total p99':>10} {'ttfb p50':>10} {'ttfb p99':>10}")
                 for name, r in lat.items():

@@ -150,6 +150,27 @@ async def test_breaks_are_reported_with_their_cause(model_dir: Path, start_proxy
     check_invariants(proxy, fake)
 
 
+async def test_an_edited_history_is_rendered_again_from_the_edit(model_dir: Path, start_proxy: Any) -> None:
+    fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "Sure.")
+    proxy = await start_proxy(fake)
+    key = proxy.session()
+    said = {"role": "assistant", "content": "Sure."}
+    history = [{"role": "system", "content": "S"}, {"role": "user", "content": "first"}]
+    for text in ("second", "third", "fourth"):
+        reply = await proxy.post(CHAT, {"model": "m", "messages": history}, key=key, bearer=True)
+        assert reply.status == 200
+        history = [*history, said, {"role": "user", "content": text}]
+    edited = [*history[:3], {"role": "user", "content": "second, edited"}, *history[4:]]
+    reply = await proxy.post(CHAT, {"model": "m", "messages": edited}, key=key, bearer=True)
+    assert reply.status == 200
+    last = proxy.recorder.records[-1]
+    assert last.splice.break_cause.value == "other"
+    # the three generated turns are still the sampled ids; the edited message is rendered as sent
+    assert [s.source_call_id for s in last.splice.reused] == [r.call_id for r in proxy.recorder.records[:3]]
+    assert "second, edited" in proxy.runtime.codec.decode(last.prompt_ids)
+    check_invariants(proxy, fake)
+
+
 async def test_each_call_encodes_only_its_new_chunks(model_dir: Path, start_proxy: Any) -> None:
     fake = ScriptedInferenceServer(model_dir, default=lambda prompt: tool_call_text("exec", {"command": "ls"}))
     proxy = await start_proxy(fake)
@@ -219,10 +240,13 @@ async def test_resumed_renders_equal_full_ones(
         assert out[1:] == scratch[1:]
         return out
 
+    partial = 0
+
     def counted(self: _RenderMemo, *args: Any) -> int | None:
-        nonlocal resumed
+        nonlocal resumed, partial
         at = full_resume(self, *args)
         resumed += at is not None
+        partial += at is not None and at < len(self.marks) - 1  # resumed before the last mark
         return at
 
     monkeypatch.setattr(Splicer, "_render", checked)
@@ -230,4 +254,6 @@ async def test_resumed_renders_equal_full_ones(
     await test_openclaw_history_edits_still_extend(qwen3_model_dir, start_proxy)
     await test_breaks_are_reported_with_their_cause(model_dir, start_proxy)
     await test_identical_text_turns_match_in_conversation_order(model_dir, start_proxy)
+    await test_an_edited_history_is_rendered_again_from_the_edit(model_dir, start_proxy)
     assert resumed >= 8
+    assert partial >= 1  # the edited history resumed after the first generated turn, before the edit

@@ -243,8 +243,6 @@ class _Mark:
         packed: Bytes of their packed encoding.
         reused: Reused spans before it.
         rendered: Rendered spans before it.
-        digest: Chained hash of the text before it, segment by segment from the previous mark
-            (``hash((previous digest, segment))``; 0 at the start).
     """
 
     pos: int
@@ -252,7 +250,6 @@ class _Mark:
     packed: int
     reused: int
     rendered: int
-    digest: int
 
 
 @dataclass
@@ -264,10 +261,10 @@ class _RenderMemo:
     mark sits right after a splice, where a segment (so a chunk) begins. A new render
     whose text equals this one up to a mark, splicing the same turns there, therefore has
     exactly the same ids, packed bytes and spans up to that mark; only the rest is
-    encoded. Equality is checked on the text itself (by the chained hash of its segments,
-    one pass over the new text, so the old text need not be kept), so it holds whatever
-    the template does to earlier messages: when it renders them differently, the texts
-    differ and building resumes earlier, or starts over.
+    encoded. Equality is checked on the text itself (the previous text is kept: comparing
+    it is a memory compare, where hashing the new text segment by segment cost a tenth of
+    a call), so it holds whatever the template does to earlier messages: when it renders
+    them differently, the texts differ and building resumes earlier, or starts over.
     """
 
     turns: list[str]
@@ -275,25 +272,37 @@ class _RenderMemo:
     prompt: PackedIds
     reused: list[Span]
     rendered: list[Span]
+    text: str
+
+    def _holds(self, i: int, text: str, turns: list[str]) -> bool:
+        m = self.marks[i]
+        return (
+            m.pos <= len(text)
+            and m.reused <= len(turns)
+            and turns[: m.reused] == self.turns[: m.reused]
+            and text.startswith(self.text[: m.pos])
+        )
 
     def resume(self, text: str, turns: list[str]) -> int | None:
         """The index of the last mark up to which ``text`` (splicing ``turns``) equals this render.
 
-        None when only the start does.
+        None when only the start does. Holding at a mark implies holding at every earlier
+        one, so the last is tried first (a conversation that only grew), then found by
+        bisection.
         """
-        marks = self.marks
-        best = 0
-        digest = 0
-        for i in range(1, len(marks)):
-            prev, m = marks[i - 1], marks[i]
-            k = m.reused - 1  # the turn spliced right before this mark
-            if m.pos > len(text) or k >= len(turns) or turns[k] != self.turns[k]:
-                break
-            digest = hash((digest, text[prev.pos : m.pos]))
-            if digest != m.digest:
-                break
-            best = i
-        return best or None
+        last = len(self.marks) - 1
+        if last < 1:
+            return None
+        if self._holds(last, text, turns):
+            return last
+        lo, hi = 0, last - 1  # marks[lo] holds (the start always does); find the last that holds
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._holds(mid, text, turns):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo or None
 
 
 def _same(a: Message, b: Message) -> bool:
@@ -526,7 +535,7 @@ class Splicer:
         ids = IdsBuilder()
         reused: list[Span] = []
         rendered: list[Span] = []
-        marks: list[_Mark] = [_Mark(0, 0, 0, 0, 0, 0)]
+        marks: list[_Mark] = [_Mark(0, 0, 0, 0, 0)]
         pos = 0
         first = 0
         memo = self._memo
@@ -562,9 +571,8 @@ class Splicer:
             s = len(ids)
             ids.add(gen.ids, gen.packed)
             reused.append(Span(s, len(ids), gen.call_id))
-            digest = hash((marks[-1].digest, text[marks[-1].pos : end]))
             pos = end
-            marks.append(_Mark(pos, len(ids), ids.packed_len, len(reused), len(rendered), digest))
+            marks.append(_Mark(pos, len(ids), ids.packed_len, len(reused), len(rendered)))
         tail = text[pos:]
         if self._prefill and tail.endswith(self._prefill):
             emit_text(tail[: len(tail) - len(self._prefill)])
@@ -574,7 +582,7 @@ class Splicer:
         else:
             emit_text(tail)
         prompt = ids.build()
-        self._memo = _RenderMemo(order_ids, marks, prompt, reused, rendered)
+        self._memo = _RenderMemo(order_ids, marks, prompt, reused, rendered, text)
         return prompt, list(reused), list(rendered)
 
     # --- committing ---------------------------------------------------------
