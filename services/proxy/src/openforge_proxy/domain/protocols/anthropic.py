@@ -185,6 +185,7 @@ class ParseMemo:
     Attributes:
         system: The previous request's ``system`` value, serialized (empty before the first).
         raw: Its ``messages`` entries, each serialized.
+        joined: Its ``messages`` serialized (``[`` + :attr:`raw` joined by commas + ``]``).
         base: Canonical messages before the first entry (the system message, if any).
         ends: Canonical messages up to and including each entry of :attr:`raw`.
         messages: Its canonical messages.
@@ -192,21 +193,35 @@ class ParseMemo:
 
     system: bytes = b""
     raw: list[bytes] = field(default_factory=list)
+    joined: bytes = b""
     base: int = 0
     ends: list[int] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
 
-    def reusable(self, system: bytes, entries: list[bytes]) -> int | None:
-        """How many leading ``entries`` equal the previous request's; None when there is no
-        previous request or ``system`` changed (not even the system message is reused)."""
+    def reusable(self, system: bytes, raws: list[Any]) -> tuple[int | None, list[bytes], bytes]:
+        """How many leading entries of ``raws`` are the same JSON as the previous request's.
+
+        Returns:
+            That number (None when there is no previous request or ``system`` changed: not even
+            the system message is reused), the entries serialized, and ``raws`` serialized.
+            A conversation that only grew is recognized on the whole list's bytes (the
+            previous list's bytes without their ``]``, then a comma or the end), so only the
+            new entries are serialized one by one.
+        """
+        joined = orjson.dumps(raws)
+        old, prev = self.raw, self.joined
+        if prev and joined.startswith(prev[:-1]) and (len(joined) == len(prev) or joined[len(prev) - 1] == 0x2C):
+            entries = old + [orjson.dumps(r) for r in raws[len(old) :]]
+            k = len(old)
+        else:
+            entries = [orjson.dumps(r) for r in raws]
+            n = min(len(entries), len(old))
+            k = 0
+            while k < n and entries[k] == old[k]:
+                k += 1
         if not self.messages or system != self.system:
-            return None
-        old = self.raw
-        n = min(len(entries), len(old))
-        k = 0
-        while k < n and entries[k] == old[k]:
-            k += 1
-        return k
+            return None, entries, joined
+        return k, entries, joined
 
 
 def parse(body: dict[str, Any], memo: ParseMemo | None = None) -> CanonicalRequest:
@@ -232,8 +247,7 @@ def parse(body: dict[str, Any], memo: ParseMemo | None = None) -> CanonicalReque
     reused: int | None = None
     if memo is not None:
         system_json = orjson.dumps(system)
-        entries = [orjson.dumps(raw) for raw in raws]
-        reused = memo.reusable(system_json, entries)
+        reused, entries, joined = memo.reusable(system_json, raws)
     if memo is not None and reused is not None:
         start = reused
         messages = memo.messages[: memo.ends[start - 1] if start else memo.base]
@@ -268,7 +282,8 @@ def parse(body: dict[str, Any], memo: ParseMemo | None = None) -> CanonicalReque
         ends.append(len(messages))
     tools = _tools(body.get("tools") or [])
     if memo is not None:
-        memo.system, memo.raw, memo.base, memo.ends, memo.messages = system_json, entries, base, ends, list(messages)
+        memo.system, memo.raw, memo.joined = system_json, entries, joined
+        memo.base, memo.ends, memo.messages = base, ends, list(messages)
     thinking = body.get("thinking")
     want_reasoning = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
     max_tokens = body.get("max_tokens")
