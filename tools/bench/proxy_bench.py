@@ -129,9 +129,8 @@ def _serve_engine(model_dir: str, port: int) -> None:
     from openforge_testing.fakes import ScriptedInferenceServer
 
     async def run() -> None:
-        fake = ScriptedInferenceServer(
-            Path(model_dir), default=lambda prompt: ANSWER, tokens_per_message=16, keep_requests=False
-        )
+        # no script: the fake answers "OK." (ANSWER) without reading the prompt
+        fake = ScriptedInferenceServer(Path(model_dir), tokens_per_message=16, keep_requests=False)
         await fake.start(port)
         await asyncio.Event().wait()
 

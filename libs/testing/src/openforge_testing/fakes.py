@@ -310,7 +310,7 @@ class SeenRequest:
     logprobs: list[float] = field(default_factory=list)
 
 
-Script = Callable[[Sequence[int]], str]
+Script = Callable[[list[int]], str]
 
 
 class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
@@ -326,8 +326,7 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
         token_delay_s: Sleep between streamed messages, seconds.
         model_name: Reported model name.
         keep_requests: Record each request in :attr:`seen` (off in benchmarks,
-            where it would hold every prompt; scripts then get the prompt as
-            protobuf's repeated field, not a list).
+            where it would hold every prompt).
     """
 
     def __init__(
@@ -408,21 +407,20 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
         if self.fail_next:
             code = self.fail_next.pop(0)
             await context.abort(code, "fake inference failure")
-        # Without keep_requests (benchmarks) the prompt stays protobuf's container: copying a
-        # 100k-token prompt into a list would cost the fake more than the caller being measured.
-        prompt: Sequence[int]
+        # Without keep_requests and a script (benchmarks) the prompt is never copied into a list:
+        # for a 100k-token prompt that would cost the fake more than the caller being measured.
+        prompt: Sequence[int] = request.prompt_token_ids
         if self.keep_requests:
-            kept = list(request.prompt_token_ids)
+            kept = list(prompt)
             prompt = kept
             seen = SeenRequest(request.request_id, kept, request.sampling)
             self.seen.append(seen)
         else:
-            prompt = request.prompt_token_ids
             seen = SeenRequest(request.request_id, [], request.sampling)
         if self._queue:
             text = self._queue.popleft()
         elif self._default is not None:
-            text = self._default(prompt)
+            text = self._default(prompt if isinstance(prompt, list) else list(prompt))
         else:
             text = "OK."
         ids = [*self.encode(text), self.eos_id]
