@@ -1,4 +1,4 @@
-"""Anthropic Messages parsing that reuses the unchanged start of a session's conversation.
+"""Anthropic Messages and Chat Completions parsing that reuses the unchanged start of a session's conversation.
 
 Whatever is reused, the canonical request must equal a fresh parse of the same body: the
 same messages, template forms, tool names and record JSON.
@@ -14,15 +14,16 @@ import pytest
 
 from openforge_core.errors import InvalidArgument
 from openforge_proxy.domain.conversation import CanonicalRequest
-from openforge_proxy.domain.protocols import anthropic
+from openforge_proxy.domain.protocols import anthropic, chat
+from openforge_proxy.domain.protocols.memo import ConversationMemo
 from openforge_proxy.domain.scrub import scrub_json_bytes
 from openforge_testing.captures import CAPTURES, load_run, runs
 
 
-def _same_as_fresh(got: CanonicalRequest, body: dict[str, Any]) -> None:
+def _same_as_fresh(got: CanonicalRequest, body: dict[str, Any], protocol: Any = anthropic) -> None:
     """Compared as serialized JSON: ``==`` on parsed values ignores key order and takes 1, 1.0
     and true for one another, differences the template and the record do not ignore."""
-    fresh = anthropic.parse(copy.deepcopy(body))
+    fresh = protocol.parse(copy.deepcopy(body))
     assert orjson.dumps(got.to_json()) == orjson.dumps(fresh.to_json())
     assert orjson.dumps([m.template_dict() for m in got.messages]) == orjson.dumps(
         [m.template_dict() for m in fresh.messages]
@@ -67,7 +68,7 @@ def _body(messages: list[dict[str, Any]], system: Any = "You are a coding agent.
 
 
 def test_growing_conversation_reuses_every_earlier_message() -> None:
-    memo = anthropic.ParseMemo()
+    memo = ConversationMemo()
     previous: CanonicalRequest | None = None
     for turns in range(6):
         body = _body(_conversation(turns))
@@ -86,7 +87,7 @@ def test_growing_conversation_reuses_every_earlier_message() -> None:
 
 
 def test_edited_history_is_converted_again_from_the_edit() -> None:
-    memo = anthropic.ParseMemo()
+    memo = ConversationMemo()
     first = anthropic.parse(_body(_conversation(4)), memo)
     edited = _conversation(4)
     edited[4]["content"][0]["content"] = "compacted"  # the second tool result
@@ -100,7 +101,7 @@ def test_edited_history_is_converted_again_from_the_edit() -> None:
 
 
 def test_shorter_history_and_other_system_prompt() -> None:
-    memo = anthropic.ParseMemo()
+    memo = ConversationMemo()
     first = anthropic.parse(_body(_conversation(4)), memo)
     shorter = anthropic.parse(_body(_conversation(2)), memo)
     _same_as_fresh(shorter, _body(_conversation(2)))
@@ -128,7 +129,7 @@ def test_shorter_history_and_other_system_prompt() -> None:
 def test_values_equal_to_python_but_not_the_same_json_are_converted_again(
     before: dict[str, Any], after: dict[str, Any]
 ) -> None:
-    memo = anthropic.ParseMemo()
+    memo = ConversationMemo()
     messages = _conversation(2)
     messages[1]["content"][1]["input"] = before
     first = anthropic.parse(_body(messages), memo)
@@ -146,7 +147,7 @@ def test_values_equal_to_python_but_not_the_same_json_are_converted_again(
 
 
 def test_other_tools_are_converted_again() -> None:
-    memo = anthropic.ParseMemo()
+    memo = ConversationMemo()
     first = anthropic.parse(_body(_conversation(1)), memo)
     body = _body(_conversation(2))
     body["tools"] = [*body["tools"], {"name": "Read", "input_schema": {"type": "object"}, "defer_loading": True}]
@@ -158,7 +159,7 @@ def test_other_tools_are_converted_again() -> None:
 
 
 def test_a_refused_request_leaves_the_memo_as_it_was() -> None:
-    memo = anthropic.ParseMemo()
+    memo = ConversationMemo()
     anthropic.parse(_body(_conversation(2)), memo)
     bad = _conversation(3)
     bad[-1] = {"role": "robot", "content": "x"}
@@ -170,15 +171,59 @@ def test_a_refused_request_leaves_the_memo_as_it_was() -> None:
 
 
 def test_captured_claude_code_and_openclaw_sessions_parse_as_fresh() -> None:
-    checked = 0
+    checked = {"anthropic": 0, "chat": 0}
     for run in runs(CAPTURES):
-        memo = anthropic.ParseMemo()
+        memos = {"anthropic": ConversationMemo(), "chat": ConversationMemo()}
         docs, _ = load_run(run)
         for doc in docs:
             path = str(doc.get("path", "")).split("?")[0]
-            if not path.endswith("/messages"):
+            name = "anthropic" if path.endswith("/messages") else "chat" if path.endswith("/chat/completions") else ""
+            if not name:
                 continue
+            protocol = anthropic if name == "anthropic" else chat
             body = doc["body"]
-            _same_as_fresh(anthropic.parse(copy.deepcopy(body), memo), body)
-            checked += 1
-    assert checked >= 10
+            _same_as_fresh(protocol.parse(copy.deepcopy(body), memos[name]), body, protocol)
+            checked[name] += 1
+    assert checked["anthropic"] >= 10 and checked["chat"] >= 2, checked
+
+
+def _chat_conversation(turns: int) -> list[dict[str, Any]]:
+    """An OpenClaw-like Chat Completions conversation: tool calls with string arguments."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a personal assistant."},
+        {"role": "user", "content": [{"type": "text", "text": "Create hello.txt"}]},
+    ]
+    for i in range(turns):
+        call = {"id": f"call_{i}", "type": "function", "function": {"name": "exec", "arguments": f'{{"n":{i}}}'}}
+        messages.append({"role": "assistant", "content": "", "reasoning_content": f"r{i}", "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": f"out {i}"})
+    return messages
+
+
+def test_chat_completions_reuse_and_edits() -> None:
+    memo = ConversationMemo()
+    tools = [{"type": "function", "function": {"name": "exec", "parameters": {"type": "object"}}}]
+    previous: CanonicalRequest | None = None
+    for turns in range(5):
+        body = {"model": "m", "messages": _chat_conversation(turns), "tools": tools}
+        got = chat.parse(body, memo)
+        _same_as_fresh(got, body, chat)
+        if previous is not None:
+            n = len(previous.messages)
+            assert all(a is b for a, b in zip(got.messages[:n], previous.messages, strict=True))
+            assert got.tools is previous.tools
+        previous = got
+    assert previous is not None
+    assert [m.name for m in previous.messages if m.role == "tool"] == ["exec"] * 4
+    # arguments re-serialized with a space: the same value to Python, not the same JSON
+    edited = _chat_conversation(4)
+    edited[4]["tool_calls"][0]["function"]["arguments"] = '{"n": 1}'
+    body = {"model": "m", "messages": edited, "tools": tools}
+    got = chat.parse(body, memo)
+    _same_as_fresh(got, body, chat)
+    assert got.messages[3] is previous.messages[3] and got.messages[4] is not previous.messages[4]
+    bad = {"model": "m", "messages": [*edited, {"role": "robot"}], "tools": tools}
+    with pytest.raises(InvalidArgument):
+        chat.parse(bad, memo)
+    body = {"model": "m", "messages": _chat_conversation(2)}
+    _same_as_fresh(chat.parse(body, memo), body, chat)

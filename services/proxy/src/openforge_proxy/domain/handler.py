@@ -41,6 +41,7 @@ from openforge_proxy.domain.engine import Delta, Engine, EngineRejected, EngineU
 from openforge_proxy.domain.families import Event
 from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, ToolCallOut, Usage
 from openforge_proxy.domain.protocols import anthropic, chat, dumps, responses
+from openforge_proxy.domain.protocols.memo import ConversationMemo
 from openforge_proxy.domain.record import CallRecordData, Recorder
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.scrub import scrub_headers, scrub_json_bytes
@@ -85,13 +86,15 @@ class _CallState:
 
 
 class SessionCalls:
-    """Per-session state: the splicer, the calls seen (for attempt numbering), the previous Messages request."""
+    """Per-session state: the splicer, the calls seen (for attempt numbering), the previous
+    Messages and Chat Completions requests (their unchanged start is not converted again)."""
 
     def __init__(self, splicer: Splicer) -> None:
         self.splicer = splicer
         self.calls: dict[str, _CallState] = {}
         self.counter = 0
-        self.anthropic = anthropic.ParseMemo()
+        self.anthropic = ConversationMemo()
+        self.chat = ConversationMemo()
 
 
 @dataclass(frozen=True)
@@ -120,13 +123,6 @@ def _key(headers: Mapping[str, str]) -> str:
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip()
     return ""
-
-
-_PARSERS: dict[WireApi, Callable[..., CanonicalRequest]] = {
-    WireApi.ANTHROPIC_MESSAGES: anthropic.parse,
-    WireApi.OPENAI_RESPONSES: responses.parse,
-    WireApi.OPENAI_CHAT: chat.parse,
-}
 
 
 def error_response(wire: WireApi, err: ApiError, request_id: str) -> tuple[int, bytes, dict[str, str]]:
@@ -322,7 +318,7 @@ class CallHandler:
             elif wire is WireApi.ANTHROPIC_MESSAGES:
                 request = anthropic.parse(parsed, state.anthropic)
             else:
-                request = _PARSERS[wire](parsed)
+                request = chat.parse(parsed, state.chat)
         except InvalidArgument as exc:
             raise ApiError(ErrorKind.INVALID_REQUEST, exc.message) from exc
         if session.model_name and request.model != session.model_name:

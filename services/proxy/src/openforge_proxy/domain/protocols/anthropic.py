@@ -21,8 +21,6 @@ Errors: ``{"type": "error", "error": {"type", "message"}, "request_id"}``.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -40,6 +38,7 @@ from openforge_proxy.domain.conversation import (
 )
 from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, Usage, new_id
 from openforge_proxy.domain.protocols import pieces, sse
+from openforge_proxy.domain.protocols.memo import ConversationMemo, shared_tools
 
 _KNOWN_MESSAGE_KEYS = {"role", "content"}
 
@@ -81,31 +80,10 @@ def _tool(raw: Any, index: int) -> Tool:
     )
 
 
-#: Canonical tool lists by the JSON of the ``tools`` they came from, most recently used last.
-_TOOL_LISTS: OrderedDict[bytes, list[Tool]] = OrderedDict()
-#: Distinct tool lists kept.
-_TOOL_LISTS_KEPT = 64
-
-
 def _tools(raw: Any) -> list[Tool]:
-    """The canonical tools of a ``tools`` value.
-
-    Every call of every session of a harness sends the same tools: their canonical list is
-    kept by the JSON it came from, so it is converted once and the same list object is
-    handed to every call (the splicer then hashes it once; it is never changed).
-    """
     if not isinstance(raw, list):
         raise InvalidArgument.field("tools", "must be a list")
-    key = orjson.dumps(raw)
-    kept = _TOOL_LISTS.get(key)
-    if kept is not None:
-        _TOOL_LISTS.move_to_end(key)
-        return kept
-    tools = [_tool(t, i) for i, t in enumerate(raw)]
-    _TOOL_LISTS[key] = tools
-    if len(_TOOL_LISTS) > _TOOL_LISTS_KEPT:
-        _TOOL_LISTS.popitem(last=False)
-    return tools
+    return [_tool(t, i) for i, t in enumerate(raw)]
 
 
 def _assistant(content: Any, extra: dict[str, Any]) -> Message:
@@ -166,70 +144,13 @@ def _user(content: Any, extra: dict[str, Any], names: dict[str, str]) -> list[Me
     return out
 
 
-@dataclass
-class ParseMemo:
-    """A session's previous Messages request, to reuse the canonical form of its unchanged start.
-
-    A harness resends the whole conversation on every call and appends to it. When the
-    ``system`` value and the first ``k`` entries of ``messages`` are the same JSON as the
-    previous request's, their canonical messages are the previous parse's — the same
-    objects, with the template form, splice fingerprint and record JSON each already built
-    once — and only the entries after them are converted. Whatever differs (an edited or
-    compacted history, another system prompt) is converted again from that point on.
-
-    "The same JSON" is compared on serialized bytes, not with ``==``: Python's equality
-    ignores key order and takes ``1``, ``1.0`` and ``true`` for one another, and either
-    can change what is rendered or recorded (re-serialized tool arguments keep the order
-    the harness sent).
-
-    Attributes:
-        system: The previous request's ``system`` value, serialized (empty before the first).
-        raw: Its ``messages`` entries, each serialized.
-        joined: Its ``messages`` serialized (``[`` + :attr:`raw` joined by commas + ``]``).
-        base: Canonical messages before the first entry (the system message, if any).
-        ends: Canonical messages up to and including each entry of :attr:`raw`.
-        messages: Its canonical messages.
-    """
-
-    system: bytes = b""
-    raw: list[bytes] = field(default_factory=list)
-    joined: bytes = b""
-    base: int = 0
-    ends: list[int] = field(default_factory=list)
-    messages: list[Message] = field(default_factory=list)
-
-    def reusable(self, system: bytes, raws: list[Any]) -> tuple[int | None, list[bytes], bytes]:
-        """How many leading entries of ``raws`` are the same JSON as the previous request's.
-
-        Returns:
-            That number (None when there is no previous request or ``system`` changed: not even
-            the system message is reused), the entries serialized, and ``raws`` serialized.
-            A conversation that only grew is recognized on the whole list's bytes (the
-            previous list's bytes without their ``]``, then a comma or the end), so only the
-            new entries are serialized one by one.
-        """
-        joined = orjson.dumps(raws)
-        old, prev = self.raw, self.joined
-        if prev and joined.startswith(prev[:-1]) and (len(joined) == len(prev) or joined[len(prev) - 1] == 0x2C):
-            entries = old + [orjson.dumps(r) for r in raws[len(old) :]]
-            k = len(old)
-        else:
-            entries = [orjson.dumps(r) for r in raws]
-            n = min(len(entries), len(old))
-            k = 0
-            while k < n and entries[k] == old[k]:
-                k += 1
-        if not self.messages or system != self.system:
-            return None, entries, joined
-        return k, entries, joined
-
-
-def parse(body: dict[str, Any], memo: ParseMemo | None = None) -> CanonicalRequest:
+def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> CanonicalRequest:
     """Maps a Messages request body into the canonical conversation.
 
     Args:
         body: The parsed JSON body.
-        memo: The session's previous request (see :class:`ParseMemo`); updated to this one.
+        memo: The session's previous Messages request (:class:`.memo.ConversationMemo`, whose
+            head is ``system``); updated to this one.
 
     Returns:
         The canonical request (``body`` kept as is).
@@ -243,22 +164,11 @@ def parse(body: dict[str, Any], memo: ParseMemo | None = None) -> CanonicalReque
         raise InvalidArgument.field("model", "must be a string")
     system = body.get("system")
     raws = _require_list(body, "messages")
-    names: dict[str, str] = {}
-    reused: int | None = None
-    if memo is not None:
-        system_json = orjson.dumps(system)
-        reused, entries, joined = memo.reusable(system_json, raws)
-    if memo is not None and reused is not None:
-        start = reused
-        messages = memo.messages[: memo.ends[start - 1] if start else memo.base]
-        ends = memo.ends[:start]
-        for m in messages:
-            if m.tool_calls:
-                names.update({tc.id: tc.name for tc in m.tool_calls})
+    resume = memo.resume(orjson.dumps(system), raws) if memo is not None else None
+    if resume is not None and resume.head_reused:
+        start, messages, ends, names = resume.start, resume.messages, resume.ends, resume.names
     else:
-        start = 0
-        messages = []
-        ends = []
+        start, messages, ends, names = 0, [], [], {}
         if system is not None:
             messages.append(Message(role="system", content=text_of(system), parts=non_text_parts(system)))
     base = 1 if system is not None else 0
@@ -280,10 +190,9 @@ def parse(body: dict[str, Any], memo: ParseMemo | None = None) -> CanonicalReque
         else:
             raise InvalidArgument.field(f"messages[{i}].role", "must be user, assistant or system")
         ends.append(len(messages))
-    tools = _tools(body.get("tools") or [])
-    if memo is not None:
-        memo.system, memo.raw, memo.joined = system_json, entries, joined
-        memo.base, memo.ends, memo.messages = base, ends, list(messages)
+    tools = shared_tools("anthropic", body.get("tools") or [], _tools)
+    if memo is not None and resume is not None:
+        memo.commit(resume, messages, ends, base)
     thinking = body.get("thinking")
     want_reasoning = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
     max_tokens = body.get("max_tokens")

@@ -41,6 +41,7 @@ from openforge_proxy.domain.conversation import (
 )
 from openforge_proxy.domain.output import ApiError, AssistantOutput, Finish, Usage, new_id
 from openforge_proxy.domain.protocols import pieces, sse
+from openforge_proxy.domain.protocols.memo import ConversationMemo, shared_tools
 from openforge_proxy.domain.protocols.responses import custom_tool_schema, openai_error_body
 
 _KNOWN_KEYS = {"role", "content", "tool_calls", "tool_call_id", "reasoning_content", "name"}
@@ -89,11 +90,13 @@ def _tools(raw_tools: Any) -> list[Tool]:
     return out
 
 
-def parse(body: dict[str, Any]) -> CanonicalRequest:
+def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> CanonicalRequest:
     """Maps a Chat Completions request body into the canonical conversation.
 
     Args:
         body: The parsed JSON body.
+        memo: The session's previous Chat Completions request (:class:`.memo.ConversationMemo`,
+            no head); updated to this one.
 
     Returns:
         The canonical request.
@@ -107,9 +110,13 @@ def parse(body: dict[str, Any]) -> CanonicalRequest:
     raw_messages = body.get("messages")
     if not isinstance(raw_messages, list):
         raise InvalidArgument.field("messages", "must be a list")
-    messages: list[Message] = []
-    names: dict[str, str] = {}
-    for i, raw in enumerate(raw_messages):
+    resume = memo.resume(b"", raw_messages) if memo is not None else None
+    if resume is not None and resume.head_reused:
+        start, messages, ends, names = resume.start, resume.messages, resume.ends, resume.names
+    else:
+        start, messages, ends, names = 0, [], [], {}
+    for i in range(start, len(raw_messages)):
+        raw = raw_messages[i]
         if not isinstance(raw, dict):
             raise InvalidArgument.field(f"messages[{i}]", "must be an object")
         role = raw.get("role")
@@ -158,13 +165,17 @@ def parse(body: dict[str, Any]) -> CanonicalRequest:
             )
         else:
             raise InvalidArgument.field(f"messages[{i}].role", "must be system, developer, user, assistant or tool")
+        ends.append(len(messages))
+    tools = shared_tools("chat", body.get("tools"), _tools)
+    if memo is not None and resume is not None:
+        memo.commit(resume, messages, ends, 0)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     options = body.get("stream_options")
     return CanonicalRequest(
         wire=WireApi.OPENAI_CHAT,
         model=model,
         messages=messages,
-        tools=_tools(body.get("tools")),
+        tools=tools,
         max_tokens=max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else None,
         stream=bool(body.get("stream")),
         include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
