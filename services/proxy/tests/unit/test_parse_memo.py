@@ -7,6 +7,7 @@ same messages, template forms, tool names and record JSON.
 from __future__ import annotations
 
 import copy
+import random
 from typing import Any
 
 import orjson
@@ -227,3 +228,69 @@ def test_chat_completions_reuse_and_edits() -> None:
         chat.parse(bad, memo)
     body = {"model": "m", "messages": _chat_conversation(2)}
     _same_as_fresh(chat.parse(body, memo), body, chat)
+
+
+def _random_entry(rng: random.Random, protocol: Any) -> Any:
+    i = rng.randint(0, 3)
+    r = rng.random()
+    if protocol is anthropic:
+        if r < 0.3:
+            use = {"type": "tool_use", "id": f"id{i}", "name": f"T{rng.randint(0, 2)}", "input": {"x": str(i)}}
+            thinking = {"type": "thinking", "thinking": "th", "signature": f"s{i}"}
+            return {"role": "assistant", "content": rng.choice([f"t{i}", [use, thinking]])}
+        if r < 0.6:
+            result = {"type": "tool_result", "tool_use_id": f"id{i}", "content": "out"}
+            text = [{"type": "text", "text": "u"}] if rng.random() < 0.5 else []
+            return {"role": "user", "content": [result, *text]}
+    elif r < 0.3:
+        call = {"id": f"id{i}", "type": "function", "function": {"name": f"T{rng.randint(0, 2)}", "arguments": "{}"}}
+        return {"role": "assistant", "content": rng.choice([f"t{i}", None]), "tool_calls": [call]}
+    elif r < 0.6:
+        return {"role": "tool", "tool_call_id": f"id{i}", "content": "out"}
+    if r < 0.75:
+        return {"role": "system", "content": rng.choice(["s", [{"type": "text", "text": "s"}]])}
+    if r < 0.95:
+        image = {"type": "image", "source": {"d": str(i)}}
+        return {"role": "user", "content": rng.choice(["hi", [{"type": "text", "text": "hi"}, image]])}
+    return rng.choice([{"role": "bogus"}, "not an object"])  # the request is refused
+
+
+@pytest.mark.parametrize("protocol", [anthropic, chat], ids=["anthropic", "chat"])
+def test_random_histories_parse_as_fresh(protocol: Any) -> None:
+    """Appends, edits, truncations, system prompt changes and refused requests, in random order."""
+    rng = random.Random(7)
+    tools: list[Any] = (
+        [{"name": "T0", "input_schema": {}}]
+        if protocol is anthropic
+        else [{"type": "function", "function": {"name": "T0", "parameters": {}}}]
+    )
+    parsed = refused = 0
+    for _ in range(120):
+        memo = ConversationMemo()
+        entries: list[Any] = []
+        system = rng.choice([None, "sys", [{"type": "text", "text": "sys"}]])
+        for _ in range(20):
+            op = rng.random()
+            if op < 0.6:
+                entries = entries + [_random_entry(rng, protocol) for _ in range(rng.randint(1, 3))]
+            elif op < 0.75 and entries:
+                k = rng.randrange(len(entries))
+                entries = [*entries[:k], _random_entry(rng, protocol), *entries[k + 1 :]]
+            elif op < 0.85:
+                entries = entries[: rng.randint(0, len(entries))]
+            else:
+                system = rng.choice([None, "sys", [{"type": "text", "text": "other"}]])
+            body: dict[str, Any] = {"model": "m", "messages": copy.deepcopy(entries), "tools": tools}
+            if system is not None and protocol is anthropic:
+                body["system"] = copy.deepcopy(system)
+            try:
+                protocol.parse(copy.deepcopy(body))
+            except InvalidArgument:
+                with pytest.raises(InvalidArgument):
+                    protocol.parse(body, memo)
+                refused += 1
+                entries = [e for e in entries if isinstance(e, dict) and e.get("role") != "bogus"]
+                continue
+            _same_as_fresh(protocol.parse(body, memo), body, protocol)
+            parsed += 1
+    assert parsed > 1000 and refused > 20
