@@ -66,23 +66,17 @@ def splice_proto(report: SpliceReport) -> common_pb2.SpliceReport:
 
 _REUSED_TAG = varint(1 << 3 | 2)  # SpliceReport.reused
 _RENDERED_TAG = varint(2 << 3 | 2)  # SpliceReport.rendered
-#: Serialized spans, by span object: a session's prompts share their leading span objects
-#: (the splicer resumes from its previous render), so each is serialized once, not per call.
-_SPAN_BYTES: dict[tuple[int, bytes], tuple[Span, bytes]] = {}
-_SPAN_MEMO = 1 << 16
+
+
+def _span_wire(span: Span) -> bytes:
+    return common_pb2.SpliceSpan(start=span.start, end=span.end, source_call_id=span.source_call_id).SerializeToString()
 
 
 def _span_bytes(tag: bytes, span: Span) -> bytes:
-    key = (id(span), tag)
-    hit = _SPAN_BYTES.get(key)
-    if hit is not None and hit[0] is span:
-        return hit[1]
-    body = common_pb2.SpliceSpan(start=span.start, end=span.end, source_call_id=span.source_call_id).SerializeToString()
-    out = tag + varint(len(body)) + body
-    if len(_SPAN_BYTES) >= _SPAN_MEMO:
-        _SPAN_BYTES.clear()
-    _SPAN_BYTES[key] = (span, out)
-    return out
+    """``SpliceReport`` field bytes of a span, serialized once per span object (a session's
+    reports share their leading spans; see :meth:`Span.derived`)."""
+    body: bytes = span.derived("record", _span_wire)
+    return tag + varint(len(body)) + body
 
 
 def splice_bytes(report: SpliceReport) -> bytes:

@@ -53,7 +53,7 @@ import hashlib
 import re
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,11 +84,28 @@ class BreakCause(enum.Enum):
 
 @dataclass(frozen=True)
 class Span:
-    """Prompt positions ``[start, end)``; ``source_call_id`` set for reused sampled ids."""
+    """Prompt positions ``[start, end)``; ``source_call_id`` set for reused sampled ids.
+
+    A session's prompts share their leading span objects (the splicer resumes from its
+    previous render), so what is derived from a span (its serialized form in the call
+    record) is kept on it by :meth:`derived` and computed once per span, for as long as
+    the span lives.
+    """
 
     start: int
     end: int
     source_call_id: str = ""
+    _derived: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    def derived(self, key: str, make: Callable[[Span], Any]) -> Any:
+        """``make(self)``, computed once per ``key`` (``make`` must depend on the span alone)."""
+        got = self._derived.get(key, _MISSING)
+        if got is _MISSING:
+            got = self._derived[key] = make(self)
+        return got
+
+
+_MISSING = object()
 
 
 @dataclass
