@@ -38,7 +38,7 @@ from openforge_proxy.domain.conversation import (
 )
 from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, Usage, new_id
 from openforge_proxy.domain.protocols import pieces, sse
-from openforge_proxy.domain.protocols.memo import ConversationMemo, shared_tools
+from openforge_proxy.domain.protocols.memo import ConversationMemo, begin, shared_tools
 
 _KNOWN_MESSAGE_KEYS = {"role", "content"}
 
@@ -164,15 +164,12 @@ def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> Canonic
         raise InvalidArgument.field("model", "must be a string")
     system = body.get("system")
     raws = _require_list(body, "messages")
-    resume = memo.resume(orjson.dumps(system), raws) if memo is not None else None
-    if resume is not None and resume.head_reused:
-        start, messages, ends, names = resume.start, resume.messages, resume.ends, resume.names
-    else:
-        start, messages, ends, names = 0, [], [], {}
-        if system is not None:
-            messages.append(Message(role="system", content=text_of(system), parts=non_text_parts(system)))
+    resume = begin(memo, system, raws)
+    messages, ends, names = resume.messages, resume.ends, resume.names
+    if not resume.head_reused and system is not None:
+        messages.append(Message(role="system", content=text_of(system), parts=non_text_parts(system)))
     base = 1 if system is not None else 0
-    for i in range(start, len(raws)):
+    for i in range(resume.start, len(raws)):
         raw = raws[i]
         if not isinstance(raw, dict):
             raise InvalidArgument.field(f"messages[{i}]", "must be an object")
@@ -191,7 +188,7 @@ def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> Canonic
             raise InvalidArgument.field(f"messages[{i}].role", "must be user, assistant or system")
         ends.append(len(messages))
     tools = shared_tools("anthropic", body.get("tools") or [], _tools)
-    if memo is not None and resume is not None:
+    if memo is not None:
         memo.commit(resume, messages, ends, base)
     thinking = body.get("thinking")
     want_reasoning = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")

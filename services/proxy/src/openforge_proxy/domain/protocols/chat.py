@@ -41,7 +41,7 @@ from openforge_proxy.domain.conversation import (
 )
 from openforge_proxy.domain.output import ApiError, AssistantOutput, Finish, Usage, new_id
 from openforge_proxy.domain.protocols import pieces, sse
-from openforge_proxy.domain.protocols.memo import ConversationMemo, shared_tools
+from openforge_proxy.domain.protocols.memo import ConversationMemo, begin, shared_tools
 from openforge_proxy.domain.protocols.responses import custom_tool_schema, openai_error_body
 
 _KNOWN_KEYS = {"role", "content", "tool_calls", "tool_call_id", "reasoning_content", "name"}
@@ -110,12 +110,9 @@ def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> Canonic
     raw_messages = body.get("messages")
     if not isinstance(raw_messages, list):
         raise InvalidArgument.field("messages", "must be a list")
-    resume = memo.resume(b"", raw_messages) if memo is not None else None
-    if resume is not None and resume.head_reused:
-        start, messages, ends, names = resume.start, resume.messages, resume.ends, resume.names
-    else:
-        start, messages, ends, names = 0, [], [], {}
-    for i in range(start, len(raw_messages)):
+    resume = begin(memo, None, raw_messages)
+    messages, ends, names = resume.messages, resume.ends, resume.names
+    for i in range(resume.start, len(raw_messages)):
         raw = raw_messages[i]
         if not isinstance(raw, dict):
             raise InvalidArgument.field(f"messages[{i}]", "must be an object")
@@ -167,7 +164,7 @@ def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> Canonic
             raise InvalidArgument.field(f"messages[{i}].role", "must be system, developer, user, assistant or tool")
         ends.append(len(messages))
     tools = shared_tools("chat", body.get("tools"), _tools)
-    if memo is not None and resume is not None:
+    if memo is not None:
         memo.commit(resume, messages, ends, 0)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     options = body.get("stream_options")

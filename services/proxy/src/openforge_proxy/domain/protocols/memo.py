@@ -92,8 +92,8 @@ class ConversationMemo:
     """A session's previous request of one protocol (see the module docstring).
 
     Attributes:
-        head: The serialized values preceding the entries that their conversion depends on
-            (Anthropic: ``system``); empty before the first request.
+        head: The serialized value preceding the entries that their conversion depends on
+            (Anthropic: ``system``; Chat Completions: none, ``null``); empty before the first request.
         raw: The entries, each serialized.
         joined: The entry list serialized (``[`` + :attr:`raw` joined by commas + ``]``).
         base: Canonical messages converted from the head.
@@ -108,13 +108,14 @@ class ConversationMemo:
     ends: list[int] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
 
-    def resume(self, head: bytes, raws: list[Any]) -> Resume:
+    def resume(self, head: Any, raws: list[Any]) -> Resume:
         """What of a new request (``head``, entries ``raws``) the previous one's parse covers.
 
         A conversation that only grew is recognized on the whole list's bytes (the previous
         list's bytes without their ``]``, then a comma or the end), so only the new entries
         are serialized one by one; otherwise every entry is, and compared in order.
         """
+        head_json = orjson.dumps(head)
         joined = orjson.dumps(raws)
         old, prev = self.raw, self.joined
         if prev and joined.startswith(prev[:-1]) and (len(joined) == len(prev) or joined[len(prev) - 1] == 0x2C):
@@ -126,14 +127,14 @@ class ConversationMemo:
             k = 0
             while k < n and entries[k] == old[k]:
                 k += 1
-        if not self.messages or head != self.head:
-            return Resume(0, [], [], {}, False, head, entries, joined)
+        if not self.messages or head_json != self.head:
+            return Resume(0, [], [], {}, False, head_json, entries, joined)
         messages = self.messages[: self.ends[k - 1] if k else self.base]
         names: dict[str, str] = {}
         for m in messages:
             if m.tool_calls:
                 names.update({tc.id: tc.name for tc in m.tool_calls})
-        return Resume(k, messages, self.ends[:k], names, True, head, entries, joined)
+        return Resume(k, messages, self.ends[:k], names, True, head_json, entries, joined)
 
     def commit(self, resume: Resume, messages: list[Message], ends: list[int], base: int) -> None:
         """Remembers a request parsed from ``resume`` (call only once it was accepted).
@@ -146,3 +147,13 @@ class ConversationMemo:
         """
         self.head, self.raw, self.joined = resume._head, resume._entries, resume._joined
         self.base, self.ends, self.messages = base, ends, list(messages)
+
+
+def begin(memo: ConversationMemo | None, head: Any, raws: list[Any]) -> Resume:
+    """Where a parse starts: :meth:`ConversationMemo.resume`, or nothing reused without a memo.
+
+    A parse converts ``raws`` from :attr:`Resume.start` on into :attr:`Resume.messages`
+    (converting the head first unless :attr:`Resume.head_reused`), then calls
+    :meth:`ConversationMemo.commit` when it has a memo.
+    """
+    return memo.resume(head, raws) if memo is not None else Resume(0, [], [], {}, False)
