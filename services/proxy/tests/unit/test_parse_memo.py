@@ -294,3 +294,10 @@ def test_random_histories_parse_as_fresh(protocol: Any) -> None:
             _same_as_fresh(protocol.parse(body, memo), body, protocol)
             parsed += 1
     assert parsed > 1000 and refused > 20
+
+
+def test_tools_that_are_not_a_list_are_refused_naming_the_field() -> None:
+    body = _body(_conversation(1))
+    body["tools"] = {"name": "Bash"}
+    with pytest.raises(InvalidArgument, match="tools"):
+        anthropic.parse(body, ConversationMemo())
