@@ -20,12 +20,15 @@ from google.protobuf.duration_pb2 import Duration
 
 from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import events_pb2, proxy_pb2, proxy_pb2_grpc
+from openforge_core.record_delta import expand_records
 from openforge_core.rpc.client import open_channel
 from openforge_testing.fakes import ScriptedInferenceServer, build_fake_model_dir, final_text, tool_call_text
 from openforge_testing.plugin import ServiceFactory
 from openforge_testing.servers import NatsServer, free_port
 
 DEVICE = "d" * 64
+# Long enough (as Claude Code's is) that the second record is coded against the first (RecordDelta).
+SYSTEM = "You are Claude Code. " + " ".join(f"Rule {i}: keep the working tree clean." for i in range(300))
 
 
 def _first_body() -> dict[str, Any]:
@@ -34,7 +37,7 @@ def _first_body() -> dict[str, Any]:
         "max_tokens": 32000,
         "stream": True,
         "metadata": {"user_id": json.dumps({"device_id": DEVICE, "account_uuid": "", "session_id": "s1"})},
-        "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+        "system": [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}],
         "tools": [{"name": "Bash", "description": "Run bash", "input_schema": {"type": "object"}}],
         "thinking": {"type": "adaptive", "display": "updates"},
         "messages": [
@@ -95,9 +98,16 @@ def test_proxy_process_records_calls_on_nats(
                 "OPENFORGE_HTTP__PORT": str(http_port),
             },
         )
-        records = asyncio.run(_rollout(svc.address, http_port, nats_server.url))
+        sent = asyncio.run(_rollout(svc.address, http_port, nats_server.url))
     finally:
         fake.stop_thread()
+    # the second event carries only what is new since the first; expanded, both are full records
+    assert not sent[0].HasField("delta") and sent[1].HasField("delta")
+    assert (sent[1].delta.base_call_id, sent[1].delta.base_attempt) == (sent[0].call_id, 1)
+    assert len(sent[1].request_json) < len(sent[0].request_json) // 4
+    assert len(sent[1].prompt_token_ids) < len(sent[0].prompt_token_ids) // 4
+    records = expand_records(sent)
+    assert not records[1].HasField("delta")
     assert next(r.call_id for r in records) != records[1].call_id
     for rec, seen in zip(records, fake.seen, strict=True):
         assert list(rec.prompt_token_ids) == seen.prompt_ids
@@ -105,6 +115,7 @@ def test_proxy_process_records_calls_on_nats(
         assert list(rec.completion_policy_versions) == [fake.policy_version] * len(seen.sampled_ids)
         assert rec.rollout_id == "ro-1" and rec.run_id == "run-1" and rec.attempt == 1 and rec.http_status == 200
         assert DEVICE.encode() not in rec.request_json and b"<scrubbed>" in rec.request_json
+        assert json.loads(rec.request_json)["system"][0]["text"] == SYSTEM
         assert "x-api-key" not in rec.request_headers
         assert rec.response_body.endswith(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
         assert rec.sampling.temperature == 0.5 and rec.stream

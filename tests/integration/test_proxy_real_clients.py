@@ -39,6 +39,7 @@ from tokenizers import Tokenizer
 from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import events_pb2, proxy_pb2, proxy_pb2_grpc
 from openforge_core.events import subject_for
+from openforge_core.record_delta import expand_records
 from openforge_core.rpc.client import open_channel
 from openforge_testing.fakes import (
     ScriptedInferenceServer,
@@ -342,8 +343,9 @@ def test_real_cli_runs_a_tool_through_the_proxy_into_one_exact_sample(
 
         seen = list(fake.seen)
         assert len(seen) == 2, [s.request_id for s in seen]
-        records = asyncio.run(_records(nats_server_fn.url, len(seen)))
-        assert len(records) == len(seen)
+        sent = asyncio.run(_records(nats_server_fn.url, len(seen)))
+        assert len(sent) == len(seen)
+        records = expand_records(sent)  # later events are coded against earlier ones (RecordDelta)
         by_prompt = {tuple(r.prompt_token_ids): r for r in records}
         for s in seen:
             rec = by_prompt[tuple(s.prompt_ids)]

@@ -11,7 +11,9 @@ appended as length-delimited fields, and the record is wrapped as
 ``CallRecorded.record`` (field 2), by hand, in one join, so the prompt is never
 converted id by id and the large fields are copied once (a valid encoding:
 fields may come in any order). It is published as bytes
-(:meth:`EventBus.publish_bytes`).
+(:meth:`EventBus.publish_bytes`). A record of a session that already has an
+acknowledged record is coded against it (``RecordDelta``; the store rebuilds the
+full record), so events stay a few KB however long the conversation grows.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from google.protobuf import struct_pb2
 from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import events_pb2
 from openforge_core.events import EventBus, subject_for
+from openforge_core.record_delta import RecordCut
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import CallRecordData
@@ -160,6 +163,7 @@ _RECORD_SPLICE_TAG = varint(17 << 3 | 2)  # CallRecord.splice
 _RECORD_REQUEST_JSON_TAG = varint(19 << 3 | 2)  # CallRecord.request_json
 _RECORD_RESPONSE_BODY_TAG = varint(21 << 3 | 2)  # CallRecord.response_body
 _RECORD_CANONICAL_JSON_TAG = varint(22 << 3 | 2)  # CallRecord.canonical_json
+_RECORD_DELTA_TAG = varint(25 << 3 | 2)  # CallRecord.delta
 _EVENT_RECORD_TAG = varint(2 << 3 | 2)  # CallRecorded.record
 
 
@@ -171,17 +175,30 @@ def event_bytes(data: CallRecordData, *, structs: bool = False) -> bytes:
     fields by hand and the event is joined once, so each byte is copied once, not into the
     message, out of it and again into the event. The splice report (a span per reused turn)
     is appended as :func:`splice_bytes`.
+
+    With ``data.base`` set, the prompt, request and canonical JSON are coded against that
+    earlier record (``RecordDelta``, :class:`openforge_core.record_delta.RecordCut`) when that
+    leaves out at least :data:`openforge_core.record_delta.MIN_SAVED_BYTES`: a growing
+    conversation's record carries its new part, not the whole conversation again.
     """
     small = record_proto(data, structs=structs, prompt=False, large=False, splice=False).SerializeToString()
     splice = splice_bytes(data.splice)
     splice_head = _RECORD_SPLICE_TAG + varint(len(splice))  # always present, as record_proto sets it
     parts = [small, splice_head, splice]
     size = len(small) + len(splice_head) + len(splice)
+    prompt, request_json, canonical_json = data.prompt.packed, data.request_json, data.canonical_json
+    cut = None if data.base is None else RecordCut.of(data.base, prompt, request_json, canonical_json)
+    if cut is not None:
+        prompt, request_json, canonical_json = cut.prompt_tail, cut.request_json.middle, cut.canonical_json.middle
+        delta = cut.delta_bytes()
+        head = _RECORD_DELTA_TAG + varint(len(delta))
+        parts += (head, delta)
+        size += len(head) + len(delta)
     for tag, value in (
-        (_RECORD_PROMPT_TAG, data.prompt.packed),
-        (_RECORD_REQUEST_JSON_TAG, data.request_json),
+        (_RECORD_PROMPT_TAG, prompt),
+        (_RECORD_REQUEST_JSON_TAG, request_json),
         (_RECORD_RESPONSE_BODY_TAG, data.response_body),
-        (_RECORD_CANONICAL_JSON_TAG, data.canonical_json),
+        (_RECORD_CANONICAL_JSON_TAG, canonical_json),
     ):
         if value:  # proto3: empty fields are not written
             head = tag + varint(len(value))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,6 +37,7 @@ import orjson
 import structlog
 
 from openforge_core.errors import InvalidArgument, OpenForgeError, ResourceExhausted, Unauthenticated
+from openforge_core.record_delta import RecordBase
 from openforge_proxy.domain.conversation import CanonicalRequest, ToolKind, WireApi
 from openforge_proxy.domain.engine import Delta, Engine, EngineRejected, EngineUnavailable, Sampling
 from openforge_proxy.domain.families import Event
@@ -79,6 +81,10 @@ class Responder(Protocol):
         ...
 
 
+#: Acknowledged records a session keeps as bases for the next record's delta.
+_BASES_KEPT = 4
+
+
 @dataclass
 class _CallState:
     call_id: str
@@ -87,7 +93,8 @@ class _CallState:
 
 class SessionCalls:
     """Per-session state: the splicer, the calls seen (for attempt numbering), the previous
-    Messages and Chat Completions requests (their unchanged start is not converted again)."""
+    Messages and Chat Completions requests (their unchanged start is not converted again), and
+    the last acknowledged records, which the next record is coded against (``RecordDelta``)."""
 
     def __init__(self, splicer: Splicer) -> None:
         self.splicer = splicer
@@ -95,6 +102,22 @@ class SessionCalls:
         self.counter = 0
         self.anthropic = ConversationMemo()
         self.chat = ConversationMemo()
+        self.bases: OrderedDict[str, RecordBase] = OrderedDict()
+
+    def base_for(self, extends_call_id: str) -> RecordBase | None:
+        """The acknowledged record to code the next one against: the call its prompt extends,
+        else the latest."""
+        base = self.bases.get(extends_call_id)
+        if base is None and self.bases:
+            base = next(reversed(self.bases.values()))
+        return base
+
+    def recorded(self, record: CallRecordData) -> None:
+        """Keeps an acknowledged record as a base (the last few calls of the session)."""
+        self.bases[record.call_id] = record.as_base()
+        self.bases.move_to_end(record.call_id)
+        while len(self.bases) > _BASES_KEPT:
+            self.bases.popitem(last=False)
 
 
 @dataclass(frozen=True)
@@ -488,6 +511,7 @@ class CallHandler:
             response_body=b"".join(sent),
             stream=p.request.stream,
             extra={"turn_id": turn.turn_id},
+            base=p.state.base_for(p.plan.report.extends_call_id),
         )
         try:
             await self._recorder.record(record)
@@ -503,6 +527,7 @@ class CallHandler:
                 status, payload, extra = error_response(wire, err, request_id)
                 await responder.send_json(status, payload, extra)
             return
+        p.state.recorded(record)
         try:
             if p.request.stream:
                 await responder.write(final)

@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from openforge_core.record_delta import RecordBase
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.splice import SpliceReport
-from openforge_proxy.domain.tokens import PackedIds
+from openforge_proxy.domain.tokens import PackedIds, pack_ids
 
 
 @dataclass
@@ -42,6 +43,8 @@ class CallRecordData:
         http_status: Status the harness received.
         response_body: The bytes sent (SSE events or the JSON body).
         stream: Whether the response was streamed.
+        base: An earlier record of the session, acknowledged, that the publisher may code
+            this one against (``RecordDelta``), or None.
     """
 
     rollout_id: str
@@ -67,11 +70,22 @@ class CallRecordData:
     response_body: bytes = b""
     stream: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    base: RecordBase | None = None
 
     @property
     def prompt_ids(self) -> list[int]:
         """The prompt ids as a list (tests and diagnostics)."""
         return self.prompt.tolist()
+
+    def as_base(self) -> RecordBase:
+        """This record as the base of a later one of its session."""
+        return RecordBase(
+            self.call_id,
+            self.attempt,
+            self.request_json,
+            self.canonical_json,
+            self.prompt.packed + pack_ids(self.completion_ids),
+        )
 
     @property
     def event_id(self) -> str:

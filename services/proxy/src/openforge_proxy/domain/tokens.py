@@ -30,16 +30,19 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from openforge_core.errors import FailedPrecondition
+from openforge_core.protowire import varint
 
-
-def varint(value: int) -> bytes:
-    """The protobuf varint encoding of a non-negative int."""
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+__all__ = [
+    "ChunkCache",
+    "IdsBuilder",
+    "PackedIds",
+    "SharedChunks",
+    "StreamDecoder",
+    "TokenizerCodec",
+    "ids_array",
+    "pack_ids",
+    "varint",
+]
 
 
 def pack_ids(ids: Iterable[int]) -> bytes:

@@ -41,7 +41,8 @@ from openforge.orchestrator.v1 import events_pb2 as orch_events
 from openforge.proxy.v1 import events_pb2 as proxy_events
 from openforge.trainer.v1 import events_pb2 as trainer_events
 from openforge.trajectory.v1 import trajectory_pb2
-from openforge_core.errors import FailedPrecondition, InvalidArgument, NotFound
+from openforge_core import record_delta
+from openforge_core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from openforge_trajectory_store.domain import tokens, wire
 from openforge_trajectory_store.domain.assembly import assemble
 from openforge_trajectory_store.domain.query import (
@@ -137,6 +138,14 @@ def _owner_only(path: Path) -> None:
     os.chmod(path, 0o600)
 
 
+class BaseNotStored(Unavailable):
+    """A call record coded against a base (``RecordDelta``) that is not stored yet.
+
+    The proxy publishes a base before any record coded against it, so this is a
+    redelivery out of stream order; retrying later succeeds.
+    """
+
+
 class SqlRepository:
     """The store's repository over SQLite or PostgreSQL.
 
@@ -145,10 +154,20 @@ class SqlRepository:
             ``postgresql://...`` for PostgreSQL.
         base_cache: Rollouts whose last call sequence is kept in memory to
             delta-encode the next call's prompt.
+        delta_base_cache: Rollouts whose last call's request and canonical JSON are kept in
+            memory to rebuild the proxy's next record of the rollout (``RecordDelta``); a miss
+            reads the rollout's calls back from the database.
         clock: Unix seconds (injectable for tests).
     """
 
-    def __init__(self, dsn: str, *, base_cache: int = 4096, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        base_cache: int = 4096,
+        delta_base_cache: int = 256,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.dsn = dsn
         self.postgres = dsn.startswith(("postgresql://", "postgres://"))
         self._clock = clock
@@ -156,6 +175,8 @@ class SqlRepository:
         self._conn: _Conn | None = None
         self._bases: OrderedDict[str, tuple[tokens.CallKey, bytes]] = OrderedDict()
         self._base_cache = base_cache
+        self._delta_bases: OrderedDict[str, tuple[tokens.CallKey, record_delta.FullParts]] = OrderedDict()
+        self._delta_base_cache = delta_base_cache
 
     # -- connection ---------------------------------------------------------------------------
 
@@ -249,9 +270,12 @@ class SqlRepository:
         Raises:
             InvalidArgument: An event is not one the store records, or is
                 malformed (e.g. logprobs that do not match the sampled tokens).
+            BaseNotStored: A call record coded as a delta whose base is not stored yet
+                (transient: its event is redelivered).
         """
         result = IngestResult()
         pending_bases: dict[str, tuple[tokens.CallKey, bytes]] = {}
+        pending_full: dict[str, tuple[tokens.CallKey, record_delta.FullParts]] = {}
         now = self._clock()
         with self._tx():
             touched_rollouts: list[str] = []
@@ -301,7 +325,7 @@ class SqlRepository:
                     )
                 elif isinstance(event, proxy_events.CallRecorded):
                     raw = item[2] if len(item) > 2 else None
-                    self._insert_call(event.record, _record_bytes(raw) if raw else None, pending_bases)
+                    self._insert_call(event.record, _record_bytes(raw) if raw else None, pending_bases, pending_full)
                     touched_rollouts.append(event.record.rollout_id)
                 else:
                     raise InvalidArgument(f"the store does not record {type(event).__name__}", reason="UNKNOWN_EVENT")
@@ -318,6 +342,11 @@ class SqlRepository:
             self._bases.move_to_end(rollout_id)
             while len(self._bases) > self._base_cache:
                 self._bases.popitem(last=False)
+        for rollout_id, full in pending_full.items():
+            self._delta_bases[rollout_id] = full
+            self._delta_bases.move_to_end(rollout_id)
+            while len(self._delta_bases) > self._delta_base_cache:
+                self._delta_bases.popitem(last=False)
         return result
 
     def _upsert_rollout(self, r: common_pb2.Rollout, expected_calls: int, now: float) -> None:
@@ -360,9 +389,14 @@ class SqlRepository:
         rec: common_pb2.CallRecord,
         data: bytes | None,
         pending: dict[str, tuple[tokens.CallKey, bytes]],
+        pending_full: dict[str, tuple[tokens.CallKey, record_delta.FullParts]],
     ) -> None:
         if not rec.rollout_id or not rec.call_id:
             raise InvalidArgument("call record without rollout_id or call_id", reason="BAD_CALL_RECORD")
+        if data is None:
+            data = rec.SerializeToString()
+        if rec.HasField("delta"):
+            data = self._expand(rec, data, pending_full)
         n = len(rec.completion_token_ids)
         if len(rec.completion_logprobs) not in (0, n) or len(rec.completion_policy_versions) not in (0, n):
             raise InvalidArgument(
@@ -371,7 +405,7 @@ class SqlRepository:
                 reason="BAD_CALL_RECORD",
             )
         base = pending.get(rec.rollout_id) or self._bases.get(rec.rollout_id)
-        stored = tokens.encode(data if data is not None else rec.SerializeToString(), base)
+        stored = tokens.encode(data, base)
         cur = self._x(
             "INSERT INTO calls (rollout_id, call_id, attempt, run_id, receive_time, base_call_id, base_attempt,"
             " prefix_len, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -389,6 +423,39 @@ class SqlRepository:
         )
         if cur.rowcount:
             pending[rec.rollout_id] = (stored.key, stored.sequence)
+            full = record_delta.FullParts.of(data)
+            pending_full[rec.rollout_id] = (stored.key, full)
+
+    def _expand(
+        self,
+        rec: common_pb2.CallRecord,
+        data: bytes,
+        pending_full: dict[str, tuple[tokens.CallKey, record_delta.FullParts]],
+    ) -> bytes:
+        """The full record of one coded against an earlier call of its rollout (``RecordDelta``)."""
+        key = (rec.delta.base_call_id, rec.delta.base_attempt)
+        base: record_delta.FullParts | None = None
+        for cached in (pending_full.get(rec.rollout_id), self._delta_bases.get(rec.rollout_id)):
+            if cached is not None and cached[0] == key:
+                base = cached[1]
+                break
+        if base is None:  # not the last call ingested here: read the rollout back (rare)
+            for view in self._load_calls(rec.rollout_id):
+                if view.key == key:
+                    base = record_delta.FullParts.of(view.data)
+                    break
+        if base is None:
+            raise BaseNotStored(
+                f"call {rec.call_id} attempt {rec.attempt} of rollout {rec.rollout_id} is coded against "
+                f"call {key[0]} attempt {key[1]}, which is not stored yet",
+                reason="BASE_NOT_STORED",
+            )
+        try:
+            return record_delta.expand_record(data, base)
+        except ValueError as exc:
+            raise InvalidArgument(
+                f"call {rec.call_id}: its delta does not fit its base: {exc}", reason="BAD_CALL_RECORD"
+            ) from None
 
     def _load_calls(self, rollout_id: str) -> list[wire.CallView]:
         rows = self._x(

@@ -1,142 +1,47 @@
-"""Protobuf wire format, just enough to handle call records without unpacking tokens.
+"""The parts of serialized call records that sample assembly reads, without unpacking tokens.
 
-A 30k-token prompt is a few tens of KB of packed varints. Turning it into
-Python ints costs milliseconds; comparing, cutting and concatenating its bytes
-costs microseconds. Varints are self-delimiting and the packed encoding of a
-concatenation is the concatenation of the encodings, so prefix tests, token
-counts and splices work directly on the bytes
-(https://protobuf.dev/programming-guides/encoding/).
+The generic wire-format helpers live in :mod:`openforge_core.protowire` and are
+re-exported here for the store's modules.
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-VARINT, I64, LEN, I32 = 0, 1, 2, 5
-_HIGH = bytes(range(128, 256))
+from openforge_core.protowire import (
+    I32,
+    I64,
+    LEN,
+    VARINT,
+    common_prefix,
+    count_varints,
+    double_field,
+    fields,
+    len_field,
+    read_varint,
+    split_field,
+    token_boundary,
+    varint,
+    varint_field,
+)
 
-
-def read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    """Decodes a varint at ``pos``; returns (value, position after it).
-
-    Raises:
-        ValueError: Truncated varint.
-    """
-    result = shift = 0
-    while True:
-        if pos >= len(data):
-            raise ValueError("truncated varint")
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-
-
-def varint(value: int) -> bytes:
-    """Encodes a non-negative int (or a negative int64 as 10 bytes, two's complement)."""
-    if value < 0:
-        value += 1 << 64
-    out = bytearray()
-    while True:
-        b = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def fields(data: bytes) -> Iterator[tuple[int, int, int, int]]:
-    """Top-level fields as (number, wire type, start, end); for VARINT, start is the value.
-
-    For LEN fields [start, end) is the payload; for I64/I32 the raw bytes.
-
-    Raises:
-        ValueError: Malformed message.
-    """
-    pos, n = 0, len(data)
-    while pos < n:
-        key, pos = read_varint(data, pos)
-        num, wt = key >> 3, key & 7
-        if wt == VARINT:
-            value, pos = read_varint(data, pos)
-            yield num, wt, value, pos
-        elif wt == LEN:
-            size, pos = read_varint(data, pos)
-            if pos + size > n:
-                raise ValueError("truncated field")
-            yield num, wt, pos, pos + size
-            pos += size
-        elif wt == I64:
-            yield num, wt, pos, pos + 8
-            pos += 8
-        elif wt == I32:
-            yield num, wt, pos, pos + 4
-            pos += 4
-        else:
-            raise ValueError(f"unsupported wire type {wt}")
-
-
-def len_field(num: int, payload: bytes) -> bytes:
-    """A length-delimited field (bytes, string, message, packed repeated)."""
-    return varint(num << 3 | LEN) + varint(len(payload)) + payload
-
-
-def varint_field(num: int, value: int) -> bytes:
-    """A varint field; empty for 0 (proto3 omits defaults)."""
-    return varint(num << 3 | VARINT) + varint(value) if value else b""
-
-
-def double_field(num: int, value: float) -> bytes:
-    """A double field; empty for 0.0."""
-    return varint(num << 3 | I64) + struct.pack("<d", value) if value else b""
-
-
-def count_varints(packed: bytes) -> int:
-    """Tokens in a packed varint stream (one byte in each varint has the high bit clear)."""
-    return len(packed) - len(packed.translate(None, delete=bytes(range(128))))
-
-
-def token_boundary(packed: bytes, n: int) -> int:
-    """The largest position <= n that starts a varint in ``packed``."""
-    while n > 0 and packed[n - 1] & 0x80:
-        n -= 1
-    return n
-
-
-def common_prefix(a: bytes, b: bytes) -> int:
-    """Length of the longest common byte prefix (binary search over memcmp'd slices)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def split_field(data: bytes, num: int) -> tuple[bytes, bytes]:
-    """(concatenated payloads of LEN field ``num``, the message without that field)."""
-    payload, rest, last = [], [], 0
-    pos = 0
-    for fnum, wt, start, end in fields(data):
-        if fnum == num and wt == LEN:
-            # the field's key and length precede start; cut from the end of the previous field
-            rest.append(data[last:pos])
-            payload.append(data[start:end])
-            last = end
-        pos = end
-    rest.append(data[last:])
-    return b"".join(payload), b"".join(rest)
+__all__ = [
+    "I32",
+    "I64",
+    "LEN",
+    "VARINT",
+    "CallView",
+    "common_prefix",
+    "count_varints",
+    "double_field",
+    "fields",
+    "len_field",
+    "read_varint",
+    "split_field",
+    "token_boundary",
+    "varint",
+    "varint_field",
+]
 
 
 # CallRecord field numbers (openforge.common.v1.CallRecord).

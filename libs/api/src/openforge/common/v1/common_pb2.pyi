@@ -396,6 +396,7 @@ class CallRecord(_message.Message):
     CANONICAL_JSON_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     STREAM_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
     rollout_id: _builtins.str
     """Rollout this call belongs to."""
     call_id: _builtins.str
@@ -485,6 +486,15 @@ class CallRecord(_message.Message):
         authorization, cookies), identifiers in values replaced.
         """
 
+    @_builtins.property
+    def delta(self) -> Global___RecordDelta:
+        """Set when the large fields (prompt_token_ids, request_json,
+        canonical_json) hold only what differs from an earlier record of the same
+        rollout; see RecordDelta. Only on the proxy's CallRecorded events: the
+        trajectory store rebuilds the full record before keeping it, so records
+        read from the store never have it.
+        """
+
     def __init__(
         self,
         *,
@@ -512,14 +522,97 @@ class CallRecord(_message.Message):
         canonical_json: _builtins.bytes = ...,
         model: _builtins.str = ...,
         stream: _builtins.bool = ...,
+        delta: Global___RecordDelta | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["canonical_messages", b"canonical_messages", "receive_time", b"receive_time", "request", b"request", "sampling", b"sampling", "splice", b"splice", "time_to_first_byte", b"time_to_first_byte", "total_time", b"total_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["canonical_messages", b"canonical_messages", "delta", b"delta", "receive_time", b"receive_time", "request", b"request", "sampling", b"sampling", "splice", b"splice", "time_to_first_byte", b"time_to_first_byte", "total_time", b"total_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call_id", b"call_id", "canonical_json", b"canonical_json", "canonical_messages", b"canonical_messages", "completion_logprobs", b"completion_logprobs", "completion_policy_versions", b"completion_policy_versions", "completion_token_ids", b"completion_token_ids", "finish_reason", b"finish_reason", "http_status", b"http_status", "model", b"model", "prompt_token_ids", b"prompt_token_ids", "receive_time", b"receive_time", "request", b"request", "request_headers", b"request_headers", "request_json", b"request_json", "response_body", b"response_body", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "splice", b"splice", "stream", b"stream", "time_to_first_byte", b"time_to_first_byte", "total_time", b"total_time", "wire_api", b"wire_api"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call_id", b"call_id", "canonical_json", b"canonical_json", "canonical_messages", b"canonical_messages", "completion_logprobs", b"completion_logprobs", "completion_policy_versions", b"completion_policy_versions", "completion_token_ids", b"completion_token_ids", "delta", b"delta", "finish_reason", b"finish_reason", "http_status", b"http_status", "model", b"model", "prompt_token_ids", b"prompt_token_ids", "receive_time", b"receive_time", "request", b"request", "request_headers", b"request_headers", "request_json", b"request_json", "response_body", b"response_body", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "splice", b"splice", "stream", b"stream", "time_to_first_byte", b"time_to_first_byte", "total_time", b"total_time", "wire_api", b"wire_api"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CallRecord: _TypeAlias = CallRecord  # noqa: Y015
+
+@_typing.final
+class RecordDelta(_message.Message):
+    """How a call record is coded against an earlier record of its rollout (the
+    base), so that each call of a growing conversation sends its new part, not
+    the whole conversation again (a 100-turn Claude Code call is ~450 KB in full
+    and a few KB as a delta). The base is a record the proxy published, and
+    JetStream acknowledged, before this one.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BASE_CALL_ID_FIELD_NUMBER: _builtins.int
+    BASE_ATTEMPT_FIELD_NUMBER: _builtins.int
+    PROMPT_PREFIX_TOKENS_FIELD_NUMBER: _builtins.int
+    REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    CANONICAL_JSON_FIELD_NUMBER: _builtins.int
+    base_call_id: _builtins.str
+    """The base record's call id."""
+    base_attempt: _builtins.int
+    """The base record's attempt."""
+    prompt_prefix_tokens: _builtins.int
+    """The full prompt is the first prompt_prefix_tokens ids of the base's
+    prompt_token_ids followed by its completion_token_ids, then this record's
+    prompt_token_ids.
+    """
+    @_builtins.property
+    def request_json(self) -> Global___BytesDelta:
+        """request_json holds the bytes between this many leading and trailing bytes
+        of the base's request_json.
+        """
+
+    @_builtins.property
+    def canonical_json(self) -> Global___BytesDelta:
+        """canonical_json holds the bytes between this many leading and trailing
+        bytes of the base's canonical_json.
+        """
+
+    def __init__(
+        self,
+        *,
+        base_call_id: _builtins.str = ...,
+        base_attempt: _builtins.int = ...,
+        prompt_prefix_tokens: _builtins.int = ...,
+        request_json: Global___BytesDelta | None = ...,
+        canonical_json: Global___BytesDelta | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["canonical_json", b"canonical_json", "request_json", b"request_json"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_attempt", b"base_attempt", "base_call_id", b"base_call_id", "canonical_json", b"canonical_json", "prompt_prefix_tokens", b"prompt_prefix_tokens", "request_json", b"request_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordDelta: _TypeAlias = RecordDelta  # noqa: Y015
+
+@_typing.final
+class BytesDelta(_message.Message):
+    """A byte string coded as the middle between a prefix and a suffix of a base
+    byte string: full = base[:prefix] + middle + base[len(base) - suffix:].
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFIX_FIELD_NUMBER: _builtins.int
+    SUFFIX_FIELD_NUMBER: _builtins.int
+    prefix: _builtins.int
+    """Leading bytes taken from the base."""
+    suffix: _builtins.int
+    """Trailing bytes taken from the base."""
+    def __init__(
+        self,
+        *,
+        prefix: _builtins.int = ...,
+        suffix: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prefix", b"prefix", "suffix", b"suffix"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BytesDelta: _TypeAlias = BytesDelta  # noqa: Y015
 
 @_typing.final
 class Rollout(_message.Message):

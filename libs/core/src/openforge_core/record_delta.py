@@ -1,0 +1,226 @@
+"""Call records coded against an earlier record of their rollout (``openforge.common.v1.RecordDelta``).
+
+Each call of a growing conversation carries the whole conversation again: the
+harness's request, its canonical form and the prompt ids. Sent in full, a
+100-turn Claude Code call is ~450 KB on NATS, and the record of every call grows
+with the conversation until it passes the server's message limit (1 MB by
+default). The proxy therefore sends, for each large field, only what differs
+from its previous record of the session (the base): the prompt after the ids it
+shares with the base's prompt + completion, and the request and canonical JSON
+between the prefix and the suffix they share with the base's. The trajectory
+store rebuilds the full record (:func:`expand_record`) before keeping it.
+
+Everything works on serialized bytes (:mod:`.protowire`): token ids are never
+unpacked into Python ints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from openforge.common.v1 import common_pb2
+from openforge_core import protowire as pw
+
+# CallRecord field numbers (openforge.common.v1.CallRecord).
+CALL_ID, ATTEMPT, PROMPT, COMPLETION, REQUEST_JSON, CANONICAL_JSON, DELTA = 2, 3, 8, 9, 19, 22, 25
+_LARGE = frozenset((PROMPT, REQUEST_JSON, CANONICAL_JSON, DELTA))
+
+#: A delta is sent only when it leaves out at least this many bytes.
+MIN_SAVED_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class BytesCut:
+    """A byte string as the middle between a base's first ``prefix`` and last ``suffix`` bytes."""
+
+    prefix: int
+    suffix: int
+    middle: bytes
+
+    @staticmethod
+    def between(base: bytes, full: bytes) -> BytesCut:
+        """The cut of ``full`` against ``base`` (longest common prefix, then the longest suffix that
+        does not overlap it)."""
+        prefix = pw.common_prefix(base, full)
+        suffix = pw.common_suffix(base, full, min(len(base), len(full)) - prefix)
+        return BytesCut(prefix, suffix, full[prefix : len(full) - suffix])
+
+    def apply(self, base: bytes) -> bytes:
+        """The full byte string.
+
+        Raises:
+            ValueError: The base is shorter than the prefix and suffix together.
+        """
+        if self.prefix + self.suffix > len(base):
+            raise ValueError(f"base of {len(base)} bytes, delta takes {self.prefix} + {self.suffix}")
+        return base[: self.prefix] + self.middle + base[len(base) - self.suffix :]
+
+    @property
+    def saved(self) -> int:
+        """Bytes left out."""
+        return self.prefix + self.suffix
+
+
+@dataclass(frozen=True)
+class RecordBase:
+    """What a later record of the same rollout may be coded against.
+
+    Attributes:
+        call_id: The base record's call.
+        attempt: Its attempt.
+        request_json: Its full request body.
+        canonical_json: Its full canonical conversation.
+        sequence: Packed varints of its prompt ids followed by its sampled ids.
+    """
+
+    call_id: str
+    attempt: int
+    request_json: bytes
+    canonical_json: bytes
+    sequence: bytes
+
+
+@dataclass(frozen=True)
+class RecordCut:
+    """A record's large fields coded against a base.
+
+    Attributes:
+        base: The base.
+        prompt_prefix_tokens: Leading ids taken from the base's sequence.
+        prompt_tail: Packed varints of the prompt ids after them.
+        request_json: The request body's cut.
+        canonical_json: The canonical conversation's cut.
+    """
+
+    base: RecordBase
+    prompt_prefix_tokens: int
+    prompt_tail: bytes
+    request_json: BytesCut
+    canonical_json: BytesCut
+
+    @staticmethod
+    def of(base: RecordBase, prompt: bytes, request_json: bytes, canonical_json: bytes) -> RecordCut | None:
+        """The cut of a record's packed prompt, request and canonical JSON against ``base``, or
+        None when it would leave out fewer than :data:`MIN_SAVED_BYTES`."""
+        shared = pw.token_boundary(prompt, pw.common_prefix(base.sequence, prompt))
+        req = BytesCut.between(base.request_json, request_json)
+        canon = BytesCut.between(base.canonical_json, canonical_json)
+        if shared + req.saved + canon.saved < MIN_SAVED_BYTES:
+            return None
+        return RecordCut(base, pw.count_varints(prompt[:shared]), prompt[shared:], req, canon)
+
+    def delta_bytes(self) -> bytes:
+        """The serialized ``RecordDelta``."""
+        return common_pb2.RecordDelta(
+            base_call_id=self.base.call_id,
+            base_attempt=self.base.attempt,
+            prompt_prefix_tokens=self.prompt_prefix_tokens,
+            request_json=common_pb2.BytesDelta(prefix=self.request_json.prefix, suffix=self.request_json.suffix),
+            canonical_json=common_pb2.BytesDelta(prefix=self.canonical_json.prefix, suffix=self.canonical_json.suffix),
+        ).SerializeToString()
+
+
+def base_key(record: bytes) -> tuple[str, int] | None:
+    """(call id, attempt) of the base a serialized ``CallRecord`` is coded against, or None.
+
+    Raises:
+        ValueError: Malformed record.
+    """
+    for num, wt, a, b in pw.fields(record):
+        if num == DELTA and wt == pw.LEN:
+            delta = common_pb2.RecordDelta.FromString(record[a:b])
+            return delta.base_call_id, delta.base_attempt
+    return None
+
+
+@dataclass(frozen=True)
+class FullParts:
+    """The large fields of a full record, as a base for :func:`expand_record`.
+
+    Attributes:
+        request_json: The request body.
+        canonical_json: The canonical conversation.
+        sequence: Packed varints of the prompt ids followed by the sampled ids.
+    """
+
+    request_json: bytes
+    canonical_json: bytes
+    sequence: bytes
+
+    @staticmethod
+    def of(record: bytes) -> FullParts:
+        """The parts of a full serialized ``CallRecord``.
+
+        Raises:
+            ValueError: Malformed record, or one that is itself a delta.
+        """
+        parts: dict[int, list[bytes]] = {}
+        for num, wt, a, b in pw.fields(record):
+            if wt == pw.LEN and num in (PROMPT, COMPLETION, REQUEST_JSON, CANONICAL_JSON, DELTA):
+                parts.setdefault(num, []).append(record[a:b])
+        if DELTA in parts:
+            raise ValueError("a base must be a full record, not a delta")
+
+        def get(num: int) -> bytes:
+            return b"".join(parts.get(num, ()))
+
+        return FullParts(get(REQUEST_JSON), get(CANONICAL_JSON), get(PROMPT) + get(COMPLETION))
+
+
+def expand_record(record: bytes, base: FullParts) -> bytes:
+    """The full serialized ``CallRecord`` of a record coded as a delta (without its ``delta`` field).
+
+    A record that is not a delta is returned as it is.
+
+    Args:
+        record: The serialized record.
+        base: The parts of the full record its delta names.
+
+    Raises:
+        ValueError: Malformed record, or a base that cannot be the one it was coded against
+            (too short for the delta).
+    """
+    parts, rest = pw.split_fields(record, _LARGE)
+    if DELTA not in parts:
+        return record
+    delta = common_pb2.RecordDelta.FromString(parts[DELTA])
+    cut = pw.varint_offset(base.sequence, delta.prompt_prefix_tokens)
+    prompt = base.sequence[:cut] + parts.get(PROMPT, b"")
+    request = BytesCut(delta.request_json.prefix, delta.request_json.suffix, parts.get(REQUEST_JSON, b""))
+    canonical = BytesCut(delta.canonical_json.prefix, delta.canonical_json.suffix, parts.get(CANONICAL_JSON, b""))
+    out = [rest]
+    for num, value in (
+        (PROMPT, prompt),
+        (REQUEST_JSON, request.apply(base.request_json)),
+        (CANONICAL_JSON, canonical.apply(base.canonical_json)),
+    ):
+        if value:  # proto3: empty fields are not written
+            out.append(pw.len_field(num, value))
+    return b"".join(out)
+
+
+def expand_records(records: Iterable[common_pb2.CallRecord]) -> list[common_pb2.CallRecord]:
+    """Full records of ``CallRecord`` messages read off the stream, in stream order.
+
+    For readers of the proxy's events other than the store (tools, tests): each delta's base
+    is an earlier record of the same rollout in ``records``.
+
+    Raises:
+        ValueError: A delta whose base is not among the earlier records.
+    """
+    full: dict[tuple[str, str, int], FullParts] = {}
+    out = []
+    for rec in records:
+        data = rec.SerializeToString()
+        key = base_key(data)
+        if key is not None:
+            try:
+                base = full[(rec.rollout_id, *key)]
+            except KeyError:
+                raise ValueError(f"call {rec.call_id}: base {key} is not an earlier record") from None
+            data = expand_record(data, base)
+        expanded = common_pb2.CallRecord.FromString(data)
+        full[(expanded.rollout_id, expanded.call_id, expanded.attempt)] = FullParts.of(data)
+        out.append(expanded)
+    return out
