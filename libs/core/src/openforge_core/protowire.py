@@ -138,7 +138,8 @@ def varint_offset(packed: bytes, count: int) -> int:
     """Byte offset in ``packed`` where its ``count``-th varint ends.
 
     Each varint is at least one byte, so a window of ``count - seen`` bytes holds at most
-    that many varints: the offset is reached by counting windows, never overshooting.
+    that many varints: windows are counted until ``count`` is reached, never overshooting.
+    The last window then holds only one-byte varints, so it ends where a varint ends.
 
     Raises:
         ValueError: ``packed`` holds fewer than ``count`` varints.
@@ -153,9 +154,7 @@ def varint_offset(packed: bytes, count: int) -> int:
         step = count - seen
         seen += count_varints(packed[pos : pos + step])
         pos += step
-    pos = min(pos, len(packed))
-    # pos may lie inside the next varint's leading (high-bit) bytes: step back to its start
-    return token_boundary(packed, pos)
+    return pos
 
 
 def common_prefix(a: bytes, b: bytes) -> int:

@@ -121,6 +121,28 @@ class RecordCut:
         ).SerializeToString()
 
 
+def cut_record(record: bytes, base: RecordBase) -> bytes:
+    """A full serialized ``CallRecord`` coded against ``base`` (as the proxy publishes it), or the
+    record unchanged when the delta would leave out fewer than :data:`MIN_SAVED_BYTES`.
+
+    Raises:
+        ValueError: Malformed record.
+    """
+    parts, rest = pw.split_fields(record, _LARGE)
+    cut = RecordCut.of(base, parts.get(PROMPT, b""), parts.get(REQUEST_JSON, b""), parts.get(CANONICAL_JSON, b""))
+    if cut is None:
+        return record
+    out = [rest, pw.len_field(DELTA, cut.delta_bytes())]
+    for num, value in (
+        (PROMPT, cut.prompt_tail),
+        (REQUEST_JSON, cut.request_json.middle),
+        (CANONICAL_JSON, cut.canonical_json.middle),
+    ):
+        if value:
+            out.append(pw.len_field(num, value))
+    return b"".join(out)
+
+
 def base_key(record: bytes) -> tuple[str, int] | None:
     """(call id, attempt) of the base a serialized ``CallRecord`` is coded against, or None.
 
@@ -166,6 +188,10 @@ class FullParts:
             return b"".join(parts.get(num, ()))
 
         return FullParts(get(REQUEST_JSON), get(CANONICAL_JSON), get(PROMPT) + get(COMPLETION))
+
+    def as_base(self, call_id: str, attempt: int) -> RecordBase:
+        """These parts as the base of a later record."""
+        return RecordBase(call_id, attempt, self.request_json, self.canonical_json, self.sequence)
 
 
 def expand_record(record: bytes, base: FullParts) -> bytes:

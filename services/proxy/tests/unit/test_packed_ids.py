@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
 
 from openforge.common.v1 import common_pb2
 from openforge.inference.v1 import inference_pb2
 from openforge.proxy.v1 import events_pb2
+from openforge_core.record_delta import expand_records
 from openforge_proxy.adapters.inference import generate_request_bytes
 from openforge_proxy.adapters.publisher import event_bytes, record_proto
 from openforge_proxy.domain.conversation import WireApi
@@ -97,6 +100,52 @@ def test_event_bytes_parse_as_the_protobuf_event() -> None:
     assert events_pb2.CallRecorded.FromString(event_bytes(data)) == events_pb2.CallRecorded(
         event_id=data.event_id, record=record_proto(data)
     )
+
+
+def test_event_bytes_against_a_base_rebuild_the_full_event() -> None:
+    """A record with a base is sent as its new part (RecordDelta); rebuilt, it is the full event."""
+    turns = [{"role": "user", "content": f"turn {i} " + "x" * 400} for i in range(40)]
+    prompt0 = IDS * 4
+    first = CallRecordData(
+        rollout_id="ro",
+        run_id="run",
+        call_id="call0001-abc",
+        attempt=1,
+        wire_api=WireApi.ANTHROPIC_MESSAGES,
+        model="m",
+        request_json=json.dumps({"messages": turns[:39], "system": "s" * 3000}).encode(),
+        request_headers={},
+        canonical_json=json.dumps({"messages": turns[:39]}).encode(),
+        prompt=_packed(prompt0),
+        completion_ids=[5, 6, 7],
+        logprobs=[-0.5, -0.25, -0.1],
+        policy_versions=[3, 3, 3],
+        sampling={"max_tokens": 9},
+        finish=Finish.STOP,
+        receive_time=1.5,
+        ttfb_s=0.01,
+        total_s=0.02,
+        splice=SpliceReport(),
+    )
+    second = dataclasses.replace(
+        first,
+        call_id="call0002-def",
+        request_json=json.dumps({"messages": turns, "system": "s" * 3000}).encode(),
+        canonical_json=json.dumps({"messages": turns}).encode(),
+        prompt=_packed([*prompt0, 5, 6, 9000, 9001]),  # re-tokenized at the seam: 7 became 9000
+        splice=SpliceReport(reused=[Span(0, len(prompt0), "call0001-abc")], extends_call_id="call0001-abc"),
+        base=first.as_base(),
+    )
+    sent = event_bytes(second)
+    full = events_pb2.CallRecorded(event_id=second.event_id, record=record_proto(second))
+    assert len(sent) < full.ByteSize() // 10
+    got = events_pb2.CallRecorded.FromString(sent)
+    assert got.record.delta.base_call_id == "call0001-abc" and got.record.delta.base_attempt == 1
+    assert got.record.delta.prompt_prefix_tokens == len(prompt0) + 2
+    assert list(got.record.prompt_token_ids) == [9000, 9001]
+    first_record = events_pb2.CallRecorded.FromString(event_bytes(first)).record
+    assert not first_record.HasField("delta")
+    assert expand_records([first_record, got.record]) == [record_proto(first), full.record]
 
 
 def test_scrub_replaces_identifier_values_only() -> None:

@@ -1,0 +1,151 @@
+"""Call records coded against an earlier record (RecordDelta) and the wire helpers under them."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from openforge.common.v1 import common_pb2
+from openforge_core import protowire as pw
+from openforge_core.record_delta import (
+    MIN_SAVED_BYTES,
+    BytesCut,
+    FullParts,
+    RecordBase,
+    RecordCut,
+    base_key,
+    cut_record,
+    expand_record,
+    expand_records,
+)
+
+
+def _packed(ids: list[int]) -> bytes:
+    return b"".join(pw.varint(i) for i in ids)
+
+
+def test_varint_offset_is_the_end_of_the_nth_varint() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        ids = [rng.choice([rng.randrange(128), rng.randrange(1 << 14), rng.randrange(1 << 21)]) for _ in range(60)]
+        packed = _packed(ids)
+        for k in range(len(ids) + 1):
+            assert pw.varint_offset(packed, k) == len(_packed(ids[:k]))
+    with pytest.raises(ValueError, match="3 ids asked"):
+        pw.varint_offset(_packed([1, 300]), 3)
+
+
+def test_common_prefix_and_suffix_match_a_direct_scan() -> None:
+    rng = random.Random(11)
+    for _ in range(500):
+        shared = bytes(rng.randrange(4) for _ in range(rng.randrange(40)))
+        a = bytes(rng.randrange(4) for _ in range(rng.randrange(8))) + shared
+        b = bytes(rng.randrange(4) for _ in range(rng.randrange(8))) + shared
+        limit = rng.randrange(50)
+        n = 0
+        while n < min(len(a), len(b), limit) and a[len(a) - 1 - n] == b[len(b) - 1 - n]:
+            n += 1
+        assert pw.common_suffix(a, b, limit) == n
+        p = 0
+        while p < min(len(a), len(b)) and a[p] == b[p]:
+            p += 1
+        assert pw.common_prefix(a, b) == p
+
+
+def test_bytes_cut_rebuilds_the_full_string_without_overlap() -> None:
+    rng = random.Random(3)
+    for _ in range(500):
+        base = bytes(rng.randrange(3) for _ in range(rng.randrange(30)))
+        full = bytearray(base)
+        for _ in range(rng.randrange(3)):  # edits: insert, delete or replace somewhere
+            i = rng.randrange(len(full) + 1)
+            full[i : i + rng.randrange(3)] = bytes(rng.randrange(3) for _ in range(rng.randrange(4)))
+        cut = BytesCut.between(base, bytes(full))
+        assert cut.prefix + cut.suffix <= min(len(base), len(full))
+        assert cut.apply(base) == bytes(full)
+    with pytest.raises(ValueError, match="base of 3 bytes"):
+        BytesCut(2, 2, b"x").apply(b"abc")
+
+
+def _record(call_id: str, prompt: list[int], completion: list[int], request: bytes, canonical: bytes) -> bytes:
+    return common_pb2.CallRecord(
+        rollout_id="ro",
+        call_id=call_id,
+        attempt=1,
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        completion_logprobs=[-0.5] * len(completion),
+        request_json=request,
+        canonical_json=canonical,
+        response_body=b"answer",
+        model="m",
+    ).SerializeToString()
+
+
+def _conversation(turns: int) -> tuple[bytes, bytes]:
+    msgs = [{"role": "user", "content": f"turn {i} " + "x" * 300} for i in range(turns)]
+    request = ('{"messages":' + str(msgs) + ',"system":"' + "s" * 3000 + '","tools":[]}').encode()
+    canonical = ('{"messages":' + str(msgs) + "}").encode()
+    return request, canonical
+
+
+def _delta_event(base: bytes, full: bytes) -> bytes:
+    """``full`` coded against ``base`` as the proxy publishes it."""
+    b = common_pb2.CallRecord.FromString(base)
+    event = cut_record(full, FullParts.of(base).as_base(b.call_id, b.attempt))
+    assert event is not full
+    return event
+
+
+def test_a_growing_conversation_is_sent_as_its_new_part_and_rebuilt_exactly() -> None:
+    req1, can1 = _conversation(10)
+    req2, can2 = _conversation(11)
+    p1, c1 = list(range(1000, 5000)), [7, 8, 9]
+    # the next prompt extends the first prompt + completion, re-tokenized at the seam
+    p2 = p1 + c1[:2] + [40000, 300] + list(range(200))
+    first = _record("c1", p1, c1, req1, can1)
+    second = _record("c2", p2, [5], req2, can2)
+    event = _delta_event(first, second)
+    assert len(event) < len(second) // 10
+    assert base_key(event) == ("c1", 1) and base_key(second) is None
+    rebuilt = expand_record(event, FullParts.of(first))
+    assert common_pb2.CallRecord.FromString(rebuilt) == common_pb2.CallRecord.FromString(second)
+    assert expand_record(second, FullParts.of(first)) is second  # a full record is returned as it is
+
+
+def test_expand_records_follows_the_stream_and_names_a_missing_base() -> None:
+    records = []
+    prompt: list[int] = []
+    for turn in range(1, 6):
+        req, can = _conversation(turn * 3)
+        prompt = prompt + [turn] * 900
+        records.append(_record(f"c{turn}", prompt, [turn, turn], req, can))
+        prompt += [turn, turn]
+    events = [records[0]] + [_delta_event(records[i - 1], records[i]) for i in range(1, len(records))]
+    parsed = [common_pb2.CallRecord.FromString(e) for e in events]
+    assert all(p.HasField("delta") for p in parsed[1:])
+    assert expand_records(parsed) == [common_pb2.CallRecord.FromString(r) for r in records]
+    with pytest.raises(ValueError, match=r"call c3: base \('c2', 1\) is not an earlier record"):
+        expand_records([parsed[0], parsed[2]])
+
+
+def test_a_small_saving_is_sent_in_full_and_a_base_must_be_full() -> None:
+    base = RecordBase("c1", 1, b'{"a":1}', b"{}", _packed([1, 2, 3]))
+    assert RecordCut.of(base, _packed([1, 2, 3, 4]), b'{"a":1,"b":2}', b"{}") is None
+    small = _record("c2", [1, 2, 3, 4], [5], b'{"a":1,"b":2}', b"{}")
+    assert cut_record(small, base) is small
+    assert MIN_SAVED_BYTES > 0
+    req, can = _conversation(5)
+    full = _record("c1", list(range(3000)), [1], req, can)
+    event = _delta_event(full, _record("c2", list(range(3001)), [1], req, can))
+    with pytest.raises(ValueError, match="must be a full record"):
+        FullParts.of(event)
+
+
+def test_a_base_that_is_not_the_one_coded_against_is_refused() -> None:
+    req, can = _conversation(10)
+    first = _record("c1", list(range(3000)), [1], req, can)
+    event = _delta_event(first, _record("c2", list(range(3001)), [1], req, can))
+    with pytest.raises(ValueError):
+        expand_record(event, FullParts(b"{}", b"{}", _packed([1])))
