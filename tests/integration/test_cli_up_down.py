@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import nats
 from grpc_health.v1 import health_pb2
 
 from openforge_cli import local
@@ -26,6 +27,14 @@ def _alive(pid: int) -> bool:
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).parent / "openforge"
     return subprocess.run([str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+async def _max_payload(url: str) -> int:
+    nc = await nats.connect(url)
+    try:
+        return nc.max_payload
+    finally:
+        await nc.close()
 
 
 def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
@@ -56,6 +65,7 @@ def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
             assert status == health_pb2.HealthCheckResponse.ServingStatus.Name(health_pb2.HealthCheckResponse.SERVING)
     st = _cli("status", "--state-dir", "st", cwd=tmp_path)
     assert st.returncode == 0 and st.stdout.count("SERVING") == 5
+    assert asyncio.run(_max_payload(state.nats_url)) == 8 * 1024 * 1024  # as deploy/k8s's NATS
     again = _cli(
         "up",
         "--detach",

@@ -32,11 +32,11 @@ class ListRecorder:
 
     def __init__(self) -> None:
         self.records: list[CallRecordData] = []
-        self.fail = False
+        self.fail: Exception | None = None
 
     async def record(self, data: CallRecordData) -> None:
-        if self.fail:
-            raise RuntimeError("recorder down")
+        if self.fail is not None:
+            raise self.fail
         self.records.append(data)
 
 

@@ -83,6 +83,12 @@ class UpState:
         )
 
 
+#: The local NATS server's settings beyond its command line: the message limit of the
+#: cluster deployment (deploy/k8s/base/nats/nats.conf), so a long conversation's call record
+#: that cannot be sent as a delta (the first after a proxy restart) still fits.
+NATS_CONF = "max_payload: 8MB\n"
+
+
 def _nats_binary() -> str:
     candidate = Path(sys.executable).parent / "nats-server"
     if not candidate.is_file():
@@ -195,9 +201,14 @@ def up(
     try:
         if nats_url is None:
             log = logs / "nats.log"
+            state_dir.mkdir(parents=True, exist_ok=True)
+            conf = state_dir / "nats.conf"
+            conf.write_text(NATS_CONF)
             p = _spawn(
                 [
                     _nats_binary(),
+                    "-c",
+                    str(conf),
                     "-a",
                     host,
                     "-p",

@@ -123,6 +123,17 @@ class EventBus:
     def connected(self) -> bool:
         return self._nc is not None and self._nc.is_connected
 
+    @property
+    def max_payload(self) -> int:
+        """The largest message the server accepts, bytes (its ``max_payload``; 1 MiB by default).
+
+        Raises:
+            RuntimeError: Not connected.
+        """
+        if self._nc is None:
+            raise RuntimeError("EventBus.connect() was not called")
+        return self._nc.max_payload
+
     async def connect(self) -> None:
         """Connects to NATS (retrying while the server starts).
 

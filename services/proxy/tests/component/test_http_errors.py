@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import pytest
 import zstandard
 
+from openforge_proxy.domain.record import RecordTooLarge
 from openforge_proxy.domain.sessions import Limits
 from openforge_testing.fakes import ScriptedInferenceServer, final_text, tool_call_text
 
@@ -269,12 +269,24 @@ async def test_streams_in_exact_event_order(model_dir: Path, start_proxy: Any) -
     assert chunks[-2]["usage"]["prompt_tokens"] == len(rec.prompt_ids) == len(fake.seen[-1].prompt_ids)
 
 
-@pytest.mark.parametrize("failing", [True])
-async def test_a_record_that_cannot_be_stored_fails_the_call(model_dir: Path, start_proxy: Any, failing: bool) -> None:
+async def test_a_record_that_cannot_be_stored_fails_the_call(model_dir: Path, start_proxy: Any) -> None:
     proxy = await start_proxy(ScriptedInferenceServer(model_dir, default=lambda p: "fine"))
     key = proxy.session()
-    proxy.recorder.fail = failing
+    proxy.recorder.fail = RuntimeError("bus down")
     reply = await proxy.post(CHAT, chat_body(stream=False), key=key, bearer=True)
     assert_openai_error(reply, 503, "server_error")
     events = (await proxy.post(MESSAGES, anthropic_body(stream=True), key=key)).events()
     assert events[-1][0] == "error" and all(e != "message_stop" for e, _ in events)
+
+
+async def test_a_record_over_the_bus_limit_stops_the_harness(model_dir: Path, start_proxy: Any) -> None:
+    """Retrying cannot make a record smaller: the terminal 400 of each protocol, not a 503."""
+    proxy = await start_proxy(ScriptedInferenceServer(model_dir, default=lambda p: "fine"))
+    key = proxy.session()
+    proxy.recorder.fail = RecordTooLarge(2_000_000, 1_048_576)
+    reply = await proxy.post(CHAT, chat_body(stream=False), key=key, bearer=True)
+    assert_openai_error(reply, 400, "invalid_request_error")
+    assert "2000000 bytes, over the event bus's limit of 1048576 bytes" in reply.json()["error"]["message"]
+    reply = await proxy.post(MESSAGES, anthropic_body(stream=False), key=key)
+    assert_anthropic_error(reply, 400, "invalid_request_error")
+    assert proxy.recorder.records == []

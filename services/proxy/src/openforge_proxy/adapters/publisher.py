@@ -26,7 +26,7 @@ from openforge_core.events import EventBus, subject_for
 from openforge_core.record_delta import RecordCut
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
-from openforge_proxy.domain.record import CallRecordData
+from openforge_proxy.domain.record import CallRecordData, RecordTooLarge
 from openforge_proxy.domain.splice import BreakCause, Span, SpliceReport
 from openforge_proxy.domain.tokens import varint
 
@@ -224,6 +224,12 @@ class NatsRecorder:
         self._structs = structs
 
     async def record(self, data: CallRecordData) -> None:
-        """Publishes the record (de-duplicated per event id)."""
+        """Publishes the record (de-duplicated per event id).
+
+        Raises:
+            RecordTooLarge: The event exceeds the server's ``max_payload``.
+        """
         event = event_bytes(data, structs=self._structs)
+        if len(event) > self._bus.max_payload:
+            raise RecordTooLarge(len(event), self._bus.max_payload)
         await self._bus.publish_bytes(SUBJECT, event, type_name=_TYPE_NAME, event_id=data.event_id)

@@ -44,7 +44,7 @@ from openforge_proxy.domain.families import Event
 from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, ToolCallOut, Usage
 from openforge_proxy.domain.protocols import anthropic, chat, dumps, responses
 from openforge_proxy.domain.protocols.memo import ConversationMemo
-from openforge_proxy.domain.record import CallRecordData, Recorder
+from openforge_proxy.domain.record import CallRecordData, Recorder, RecordTooLarge
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.scrub import scrub_headers, scrub_json_bytes
 from openforge_proxy.domain.sessions import Session, SessionRegistry
@@ -516,8 +516,12 @@ class CallHandler:
         try:
             await self._recorder.record(record)
         except Exception as exc:
-            log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=type(exc).__name__)
-            err = ApiError(ErrorKind.UNAVAILABLE, "the call could not be recorded; retry")
+            if isinstance(exc, RecordTooLarge):  # retrying cannot succeed: the harness must stop
+                log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=str(exc))
+                err = ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {exc}")
+            else:
+                log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=type(exc).__name__)
+                err = ApiError(ErrorKind.UNAVAILABLE, "the call could not be recorded; retry")
             if p.request.stream:
                 try:
                     await responder.write(encoder.error(err.message))

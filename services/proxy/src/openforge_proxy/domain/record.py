@@ -93,6 +93,20 @@ class CallRecordData:
         return f"{self.rollout_id}/{self.call_id}/{self.attempt}"
 
 
+class RecordTooLarge(Exception):
+    """A call record is larger than the event bus accepts; retrying cannot succeed.
+
+    Args:
+        size: The serialized event, bytes.
+        limit: The bus's message limit, bytes.
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"the call record is {size} bytes, over the event bus's limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
 class Recorder(Protocol):
     """Where finished calls go (NATS in the service, a list in tests)."""
 
@@ -100,6 +114,8 @@ class Recorder(Protocol):
         """Stores one record durably; returns once it is acknowledged.
 
         Raises:
+            RecordTooLarge: The record exceeds the bus's message limit (the call is failed
+                towards the harness with a terminal error).
             Exception: The record could not be stored (the call is then failed
                 towards the harness, which retries it).
         """
