@@ -158,14 +158,19 @@ def varint_offset(packed: bytes, count: int) -> int:
 
 
 def common_prefix(a: bytes, b: bytes) -> int:
-    """Length of the longest common byte prefix (binary search over memcmp'd slices)."""
+    """Length of the longest common byte prefix.
+
+    Binary search over ``bytes.startswith`` of memoryview slices: each probe is one
+    ``memcmp``, and nothing is copied.
+    """
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+    mb = memoryview(b)
+    if a.startswith(mb[:n]):
         return n
-    lo, hi = 0, n
+    lo, hi = 0, n  # the first lo bytes match, the first hi bytes do not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
+        if a.startswith(mb[lo:mid], lo):
             lo = mid
         else:
             hi = mid
@@ -173,17 +178,18 @@ def common_prefix(a: bytes, b: bytes) -> int:
 
 
 def common_suffix(a: bytes, b: bytes, limit: int) -> int:
-    """Length of the longest common byte suffix, at most ``limit`` (binary search)."""
+    """Length of the longest common byte suffix, at most ``limit`` (as :func:`common_prefix`)."""
     la, lb = len(a), len(b)
     n = min(la, lb, limit)
     if n <= 0:
         return 0
-    if a[la - n :] == b[lb - n :]:
+    mb = memoryview(b)
+    if a.endswith(mb[lb - n :]):
         return n
     lo, hi = 0, n  # the last lo bytes match, the last hi bytes do not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if a[la - mid : la - lo] == b[lb - mid : lb - lo]:
+        if a.endswith(mb[lb - mid : lb - lo], 0, la - lo):
             lo = mid
         else:
             hi = mid

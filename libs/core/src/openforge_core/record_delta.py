@@ -100,15 +100,24 @@ class RecordCut:
     canonical_json: BytesCut
 
     @staticmethod
-    def of(base: RecordBase, prompt: bytes, request_json: bytes, canonical_json: bytes) -> RecordCut | None:
+    def of(
+        base: RecordBase, prompt: bytes, request_json: bytes, canonical_json: bytes, prompt_ids: int | None = None
+    ) -> RecordCut | None:
         """The cut of a record's packed prompt, request and canonical JSON against ``base``, or
-        None when it would leave out fewer than :data:`MIN_SAVED_BYTES`."""
+        None when it would leave out fewer than :data:`MIN_SAVED_BYTES`.
+
+        ``prompt_ids`` (the number of ids in ``prompt``, when the caller knows it) saves
+        counting the shared part's varints.
+        """
         shared = pw.token_boundary(prompt, pw.common_prefix(base.sequence, prompt))
         req = BytesCut.between(base.request_json, request_json)
         canon = BytesCut.between(base.canonical_json, canonical_json)
         if shared + req.saved + canon.saved < MIN_SAVED_BYTES:
             return None
-        return RecordCut(base, pw.count_varints(prompt[:shared]), prompt[shared:], req, canon)
+        tail = prompt[shared:]
+        if prompt_ids is None:
+            prompt_ids = pw.count_varints(prompt)
+        return RecordCut(base, prompt_ids - pw.count_varints(tail), tail, req, canon)
 
     def delta_bytes(self) -> bytes:
         """The serialized ``RecordDelta``."""
