@@ -187,8 +187,8 @@ def event_bytes(data: CallRecordData, *, structs: bool = False) -> bytes:
     parts = [small, splice_head, splice]
     size = len(small) + len(splice_head) + len(splice)
     prompt, request_json, canonical_json = data.prompt.packed, data.request_json, data.canonical_json
-    cut = None
-    if data.base is not None:
+    cut = data.cut
+    if cut is None and data.base is not None:
         cut = RecordCut.of(data.base, prompt, request_json, canonical_json, prompt_ids=len(data.prompt))
     if cut is not None:
         prompt, request_json, canonical_json = cut.prompt_tail, cut.request_json.middle, cut.canonical_json.middle

@@ -25,6 +25,7 @@ recorder are injected. Order of one call:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import time
@@ -37,7 +38,7 @@ import orjson
 import structlog
 
 from openforge_core.errors import InvalidArgument, OpenForgeError, ResourceExhausted, Unauthenticated
-from openforge_core.record_delta import RecordBase
+from openforge_core.record_delta import RecordBase, RecordCut
 from openforge_proxy.domain.conversation import CanonicalRequest, ToolKind, WireApi
 from openforge_proxy.domain.engine import Delta, Engine, EngineRejected, EngineUnavailable, Sampling
 from openforge_proxy.domain.families import Event
@@ -427,8 +428,22 @@ class CallHandler:
         wire = p.request.wire
         gen_id = f"{p.session.rollout_id}/{p.call_id}/{p.attempt}"
         stream = self._engine.generate(gen_id, p.plan.prompt, p.sampling)
+        # The record's parts that do not depend on the answer are built while the engine
+        # computes, not after it: before the first token of a non-streamed answer (the
+        # engine's prefill is the longest wait of a call), after the first byte of a stream
+        # (so the time to first byte does not wait for them).
+        pre: _PreRecord | None = None
+        first_delta = asyncio.ensure_future(_first(stream))
+        if not p.request.stream:
+            for _ in range(_SEND_YIELDS):  # let the Generate request leave first
+                await asyncio.sleep(0)
+            try:
+                pre = _PreRecord.of(p, body)
+            except BaseException:
+                first_delta.cancel()
+                raise
         try:
-            first = await _first(stream)
+            first = await first_delta
         except (EngineUnavailable, EngineRejected) as exc:
             kind = ErrorKind.UNAVAILABLE if isinstance(exc, EngineUnavailable) else ErrorKind.INVALID_REQUEST
             status, payload, extra = error_response(wire, ApiError(kind, f"inference: {exc}"), request_id)
@@ -449,6 +464,7 @@ class CallHandler:
                 data = encoder.start(usage0) + gen.feed(first, encoder)
                 sent.append(data)
                 await responder.write(data)
+                pre = _PreRecord.of(p, body)
                 async for delta in stream:
                     data = gen.feed(delta, encoder)
                     if data:
@@ -488,6 +504,8 @@ class CallHandler:
         self._sessions.record_usage(
             p.session.rollout_id, new_call=p.new_call, tokens=usage0.prompt_tokens + len(gen.ids)
         )
+        if pre is None:
+            pre = _PreRecord.of(p, body)
         record = CallRecordData(
             rollout_id=p.session.rollout_id,
             run_id=p.session.run_id,
@@ -495,9 +513,9 @@ class CallHandler:
             attempt=p.attempt,
             wire_api=wire,
             model=p.request.model,
-            request_json=scrub_json_bytes(body),
+            request_json=pre.request_json,
             request_headers=scrub_headers(headers),
-            canonical_json=p.request.record_json(),
+            canonical_json=pre.canonical_json,
             prompt=p.plan.prompt,
             completion_ids=gen.ids,
             logprobs=gen.logprobs,
@@ -511,7 +529,8 @@ class CallHandler:
             response_body=b"".join(sent),
             stream=p.request.stream,
             extra={"turn_id": turn.turn_id},
-            base=p.state.base_for(p.plan.report.extends_call_id),
+            base=pre.base,
+            cut=pre.cut,
         )
         try:
             await self._recorder.record(record)
@@ -691,6 +710,32 @@ class _Generation:
 
     def usage(self, cached: int) -> Usage:
         return Usage(len(self._p.plan.prompt), len(self.ids), cached, self.reasoning_tokens)
+
+
+#: Event-loop turns given to a new ``Generate`` call to send its request (grpc.aio sends it
+#: from a task of its own) before the handler goes on with work that does not need the answer.
+_SEND_YIELDS = 3
+
+
+@dataclass(frozen=True)
+class _PreRecord:
+    """The parts of a call's record that do not depend on the answer."""
+
+    request_json: bytes
+    canonical_json: bytes
+    base: RecordBase | None
+    cut: RecordCut | None
+
+    @staticmethod
+    def of(p: _Prepared, body: bytes) -> _PreRecord:
+        request_json = scrub_json_bytes(body)
+        canonical_json = p.request.record_json()
+        base = p.state.base_for(p.plan.report.extends_call_id)
+        cut = None
+        if base is not None:
+            prompt = p.plan.prompt
+            cut = RecordCut.of(base, prompt.packed, request_json, canonical_json, prompt_ids=len(prompt))
+        return _PreRecord(request_json, canonical_json, base, cut)
 
 
 async def _first(stream: AsyncIterator[Delta]) -> Delta:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from openforge_core.record_delta import RecordBase
+from openforge_core.record_delta import RecordBase, RecordCut
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.splice import SpliceReport
@@ -45,6 +45,9 @@ class CallRecordData:
         stream: Whether the response was streamed.
         base: An earlier record of the session, acknowledged, that the publisher may code
             this one against (``RecordDelta``), or None.
+        cut: This record's prompt, request and canonical JSON cut against ``base``, when
+            already computed (the handler computes it while the engine generates); else the
+            publisher computes it.
     """
 
     rollout_id: str
@@ -71,6 +74,7 @@ class CallRecordData:
     stream: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     base: RecordBase | None = None
+    cut: RecordCut | None = None
 
     @property
     def prompt_ids(self) -> list[int]:
