@@ -71,27 +71,33 @@ _REUSED_TAG = varint(1 << 3 | 2)  # SpliceReport.reused
 _RENDERED_TAG = varint(2 << 3 | 2)  # SpliceReport.rendered
 
 
-def _span_wire(span: Span) -> bytes:
-    return common_pb2.SpliceSpan(start=span.start, end=span.end, source_call_id=span.source_call_id).SerializeToString()
-
-
-def _span_bytes(tag: bytes, span: Span) -> bytes:
-    """``SpliceReport`` field bytes of a span, serialized once per span object (a session's
-    reports share their leading spans; see :meth:`Span.derived`)."""
-    body: bytes = span.derived("record", _span_wire)
+def _span_field(tag: bytes, span: Span) -> bytes:
+    body = common_pb2.SpliceSpan(start=span.start, end=span.end, source_call_id=span.source_call_id).SerializeToString()
     return tag + varint(len(body)) + body
 
 
+def _reused_field(span: Span) -> bytes:
+    return _span_field(_REUSED_TAG, span)
+
+
+def _rendered_field(span: Span) -> bytes:
+    return _span_field(_RENDERED_TAG, span)
+
+
 def splice_bytes(report: SpliceReport) -> bytes:
-    """The serialized ``SpliceReport`` (equal, parsed, to :func:`splice_proto`'s)."""
+    """The serialized ``SpliceReport`` (equal, parsed, to :func:`splice_proto`'s).
+
+    Each span's field bytes are serialized once per span object (a session's reports share
+    their leading spans; see :meth:`Span.derived`).
+    """
     tail = common_pb2.SpliceReport(
         break_cause=_BREAK[report.break_cause],
         break_detail=report.break_detail,
         notes=report.notes,
         extends_call_id=report.extends_call_id,
     ).SerializeToString()
-    parts = [_span_bytes(_REUSED_TAG, s) for s in report.reused]
-    parts += [_span_bytes(_RENDERED_TAG, s) for s in report.rendered]
+    parts = [s.derived("record.reused", _reused_field) for s in report.reused]
+    parts += [s.derived("record.rendered", _rendered_field) for s in report.rendered]
     parts.append(tail)
     return b"".join(parts)
 
