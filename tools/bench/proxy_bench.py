@@ -545,6 +545,8 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--prompt-file", default="")
     a = parser.parse_args()
+    if a.role == "bench" and a.turns < 5:
+        parser.error("--turns must be at least 5 ((d) compares turns 2-4 with the last three)")
     if a.role == "engine":
         _serve_engine(a.model_dir, a.port)
     elif a.role == "forwarder":
