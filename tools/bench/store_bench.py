@@ -7,6 +7,8 @@ Prints, in one run:
   when ``OPENFORGE_TEST_POSTGRES_DSN`` is set, PostgreSQL;
 * the baseline measured in the same run: inserting the same records' raw bytes
   into a bare SQLite table (no decoding, no delta encoding, no bookkeeping);
+* the ingest rate of the same calls coded as the proxy publishes them, each against
+  the rollout's previous call (``RecordDelta``: the store rebuilds the full record);
 * the time to assemble one 100-call rollout: the pure assembly, and the whole
   path from the database (load, rebuild prompts, assemble, store samples).
 
@@ -32,6 +34,7 @@ from pathlib import Path
 from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import events_pb2 as proxy
 from openforge.trajectory.v1 import trajectory_pb2
+from openforge_core.record_delta import FullParts, cut_record
 from openforge_trajectory_store.adapters.sql import SqlRepository
 from openforge_trajectory_store.domain.assembly import assemble
 
@@ -59,6 +62,23 @@ def make_rollout_calls(rollout_id: str, rng: random.Random) -> list[bytes]:
         eid = f"{rollout_id}/{rec.call_id}/1"
         out.append(proxy.CallRecorded(event_id=eid, record=rec).SerializeToString())
         prompt = prompt + completion + [rng.randrange(1, 150_000) for _ in range(60)]
+    return out
+
+
+def delta_coded(events: list[bytes]) -> list[bytes]:
+    """The events as the proxy publishes them: each call coded against its rollout's previous one."""
+    last: dict[str, tuple[str, int, FullParts]] = {}
+    out = []
+    for b in events:
+        ev = proxy.CallRecorded.FromString(b)
+        rec = ev.record
+        data = rec.SerializeToString()
+        prev = last.get(rec.rollout_id)
+        coded = data if prev is None else cut_record(data, prev[2].as_base(prev[0], prev[1]))
+        last[rec.rollout_id] = (rec.call_id, rec.attempt, FullParts.of(data))
+        out.append(
+            proxy.CallRecorded(event_id=ev.event_id, record=common_pb2.CallRecord.FromString(coded)).SerializeToString()
+        )
     return out
 
 
@@ -134,6 +154,16 @@ def main() -> None:
         print(f"{'store on SQLite':<34}{rate:>10.0f}   ({rate / base:.2f}x baseline, {size:.0f} MB on disk)")
         pure, full = assembly_times(repo, "r0")
         repo.close()
+        # the same calls as the proxy publishes them: each coded against the previous (RecordDelta)
+        coded = delta_coded(events)
+        kb = sum(len(b) for b in coded) / 1e3 / len(coded)
+        repo = SqlRepository(f"sqlite:///{Path(tmp) / 'store-delta.db'}")
+        repo.open()
+        rate = ingest_rate(repo, coded, ns.batch)
+        records = (proxy.CallRecorded.FromString(b).record for b in events)
+        assert repo.calls("r0") == [r for r in records if r.rollout_id == "r0"]  # rebuilt exactly
+        repo.close()
+        print(f"{'store on SQLite, delta-coded':<34}{rate:>10.0f}   ({rate / base:.2f}x baseline, {kb:.1f} KB/call)")
     dsn = os.environ.get("OPENFORGE_TEST_POSTGRES_DSN")
     if dsn:
         import psycopg
