@@ -113,9 +113,10 @@ class SessionCalls:
             base = next(reversed(self.bases.values()))
         return base
 
-    def recorded(self, record: CallRecordData) -> None:
+    def recorded(self, record: CallRecordData, turn_id: str) -> None:
         """Keeps an acknowledged record as a base (the last few calls of the session)."""
-        self.bases[record.call_id] = record.as_base()
+        head = self.splicer.heads.get(turn_id)  # holds the packed prompt + sampled ids
+        self.bases[record.call_id] = record.as_base(head.packed if head is not None else None)
         self.bases.move_to_end(record.call_id)
         while len(self.bases) > _BASES_KEPT:
             self.bases.popitem(last=False)
@@ -550,7 +551,7 @@ class CallHandler:
                 status, payload, extra = error_response(wire, err, request_id)
                 await responder.send_json(status, payload, extra)
             return
-        p.state.recorded(record)
+        p.state.recorded(record, turn.turn_id)
         try:
             if p.request.stream:
                 await responder.write(final)

@@ -81,15 +81,16 @@ class CallRecordData:
         """The prompt ids as a list (tests and diagnostics)."""
         return self.prompt.tolist()
 
-    def as_base(self) -> RecordBase:
-        """This record as the base of a later one of its session."""
-        return RecordBase(
-            self.call_id,
-            self.attempt,
-            self.request_json,
-            self.canonical_json,
-            self.prompt.packed + pack_ids(self.completion_ids),
-        )
+    def as_base(self, sequence: bytes | None = None) -> RecordBase:
+        """This record as the base of a later one of its session.
+
+        Args:
+            sequence: The packed prompt + sampled ids when the caller has them (the splicer
+                keeps them for the turn); else they are packed here.
+        """
+        if sequence is None:
+            sequence = self.prompt.packed + pack_ids(self.completion_ids)
+        return RecordBase(self.call_id, self.attempt, self.request_json, self.canonical_json, sequence)
 
     @property
     def event_id(self) -> str:
