@@ -114,8 +114,12 @@ class SessionCalls:
         return base
 
     def recorded(self, record: CallRecordData, turn_id: str) -> None:
-        """Keeps an acknowledged record as a base (the last few calls of the session)."""
+        """Keeps an acknowledged record as a base: one per conversation thread (a record
+        replaces the one its prompt extends), the last few threads of the session."""
         head = self.splicer.heads.get(turn_id)  # holds the packed prompt + sampled ids
+        extends = record.splice.extends_call_id
+        if extends and extends != record.call_id:
+            self.bases.pop(extends, None)
         self.bases[record.call_id] = record.as_base(head.packed if head is not None else None)
         self.bases.move_to_end(record.call_id)
         while len(self.bases) > _BASES_KEPT:
