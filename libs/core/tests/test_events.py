@@ -191,3 +191,48 @@ async def test_batches_commit_together_and_invalid_events_are_dead_lettered(nats
     finally:
         await producer.close()
         await consumer.close()
+
+
+async def test_an_event_failing_transiently_does_not_take_its_batch_down_and_is_dead_lettered_at_last(
+    nats_server_fn: NatsServer,
+) -> None:
+    """One event whose handler keeps failing (not permanently) is redelivered on its own while the
+    rest of its fetch is applied; on its last allowed delivery it becomes a dead letter, not lost."""
+    from openforge.common.v1 import common_pb2
+
+    producer, consumer = await _bus(nats_server_fn), await _bus(nats_server_fn)
+    applied: list[int] = []
+    tries: dict[int, int] = {}
+    dead = Collector()
+
+    async def handle(batch: Any) -> None:
+        for e, _ in batch:
+            tries[e.version] = tries.get(e.version, 0) + 1
+        if any(e.version == 22 for e, _ in batch):
+            raise RuntimeError("version 22's base is not stored")
+        applied.extend(e.version for e, _ in batch)
+
+    try:
+        await consumer.consume("c8", [subject_for("trainer", "dead_letter")], [common_pb2.DeadLetter], dead)
+        for v in (21, 22, 23, 24):
+            await producer.publish(SUBJECT, _event(v), event_id=f"w/{v}")
+        await consumer.consume(
+            "c9",
+            [SUBJECT],
+            [events_pb2.WeightsPublished],
+            batch_handler=handle,
+            dead_letter_domain="trainer",
+            batch=10,
+            max_deliver=3,
+            nak_delay_s=0.05,
+        )
+        await dead.wait_for(1)
+        letter = dead.received[0][0]
+        assert isinstance(letter, common_pb2.DeadLetter)
+        assert letter.original_event_id == "w/22"
+        assert "still failing after 3 deliveries" in letter.reason and "base is not stored" in letter.reason
+        assert sorted(applied) == [21, 23, 24]  # each applied once, on the first delivery
+        assert tries[22] == 4  # the whole first batch, then alone on each of its three deliveries
+    finally:
+        await producer.close()
+        await consumer.close()

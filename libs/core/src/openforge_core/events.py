@@ -99,6 +99,24 @@ def is_permanent(exc: BaseException) -> bool:
     return isinstance(exc, OpenForgeError) and exc.code is ErrorCode.INVALID_ARGUMENT
 
 
+class MessageTooLarge(ValueError):
+    """A message (payload and headers) is larger than the NATS server accepts.
+
+    Args:
+        size: The message with its header block, bytes.
+        limit: The server's ``max_payload``, bytes.
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"the message is {size} bytes with its headers, over the server's limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+#: Bytes of a header block besides its lines: ``NATS/1.0\r\n`` and the closing ``\r\n``.
+_HEADER_BLOCK = len(b"NATS/1.0\r\n\r\n")
+
+
 class EventBus:
     """A NATS connection with JetStream publishing and durable consumers.
 
@@ -122,6 +140,17 @@ class EventBus:
     @property
     def connected(self) -> bool:
         return self._nc is not None and self._nc.is_connected
+
+    def _check_size(self, data: bytes, headers: Mapping[str, str]) -> None:
+        """Refuses a message the server would refuse: it counts the header block (``NATS/1.0``,
+        one ``Name: value`` line per header, a blank line) with the payload against its
+        ``max_payload`` and closes the connection of a client that exceeds it, a condition the
+        client library does not check for headers."""
+        size = (
+            len(data) + _HEADER_BLOCK + sum(len(k.encode()) + len(v.strip().encode()) + 4 for k, v in headers.items())
+        )
+        if size > self.max_payload:
+            raise MessageTooLarge(size, self.max_payload)
 
     @property
     def max_payload(self) -> int:
@@ -183,6 +212,7 @@ class EventBus:
         Raises:
             ValueError: ``subject`` is not an openforge event subject, or ``event_id`` is empty.
             nats.errors.TimeoutError: No acknowledgement in time (safe to retry: de-duplicated).
+            MessageTooLarge: The event and its headers exceed the server's ``max_payload``.
         """
         if not event_id:
             raise ValueError("event_id must not be empty")
@@ -190,7 +220,9 @@ class EventBus:
         with tracer.start_as_current_span(f"publish {subject}", kind=trace.SpanKind.PRODUCER):
             headers = {TYPE_HEADER: message.DESCRIPTOR.full_name, MSG_ID_HEADER: event_id}
             inject_context(headers)
-            ack = await self.js.publish(subject, message.SerializeToString(), headers=headers)
+            data = message.SerializeToString()
+            self._check_size(data, headers)
+            ack = await self.js.publish(subject, data, headers=headers)
         log.info("event.published", subject=subject, event_id=event_id, duplicate=bool(ack.duplicate))
         return not ack.duplicate
 
@@ -215,6 +247,7 @@ class EventBus:
             ValueError: ``subject`` is not an openforge event subject, or ``event_id`` or
                 ``type_name`` is empty.
             nats.errors.TimeoutError: No acknowledgement in time (safe to retry: de-duplicated).
+            MessageTooLarge: The event and its headers exceed the server's ``max_payload``.
         """
         if not event_id:
             raise ValueError("event_id must not be empty")
@@ -224,6 +257,7 @@ class EventBus:
         with tracer.start_as_current_span(f"publish {subject}", kind=trace.SpanKind.PRODUCER):
             headers = {TYPE_HEADER: type_name, MSG_ID_HEADER: event_id}
             inject_context(headers)
+            self._check_size(data, headers)
             ack = await self.js.publish(subject, data, headers=headers)
         log.debug("event.published", subject=subject, event_id=event_id, duplicate=bool(ack.duplicate))
         return not ack.duplicate
@@ -250,9 +284,12 @@ class EventBus:
         one fetch at once (to commit them in one transaction). Messages are
         acked only after their handler returned. A handler that raises an
         invalid-argument error (:func:`is_permanent`) has its event dead-lettered;
-        any other error naks it for redelivery after ``nak_delay_s``. A batch
-        that fails permanently is retried one event at a time so only the bad
-        event is dead-lettered.
+        any other error naks it for redelivery after ``nak_delay_s``, except on its
+        last allowed delivery (``max_deliver``), where it is dead-lettered too rather
+        than dropped by JetStream unseen. A batch that fails is retried one event at
+        a time, so only the failing event is naked or dead-lettered and the others
+        are applied (a batch naked whole would take its good events down with a bad
+        one once their deliveries run out).
 
         Dead letters: an undecodable message, an unknown type (e.g. a newer
         version) or an invalid event is published as ``common.v1.DeadLetter`` on
@@ -295,7 +332,9 @@ class EventBus:
                     ack_wait=ack_wait_s,
                 ),
             )
-            loop = _PullLoop(self, sub, name, by_name, handler, batch_handler, dead_letter_domain, nak_delay_s)
+            loop = _PullLoop(
+                self, sub, name, by_name, handler, batch_handler, dead_letter_domain, nak_delay_s, max_deliver
+            )
             task = asyncio.create_task(loop.run(batch), name=name)
             self._tasks.append(task)
             log.info("nats.consumer_started", durable=name, subject=subject)
@@ -329,7 +368,9 @@ class _PullLoop:
         batch_handler: BatchHandler | None,
         dead_letter_domain: str | None,
         nak_delay_s: float,
+        max_deliver: int = 0,
     ) -> None:
+        self.max_deliver = max_deliver
         self.bus = bus
         self.sub = sub
         self.durable = durable
@@ -427,6 +468,10 @@ class _PullLoop:
                 if is_permanent(exc):
                     await self._reject(msg, delivery, event.DESCRIPTOR.full_name, str(exc))
                     return
+                if self.max_deliver > 0 and delivery.num_delivered >= self.max_deliver:
+                    reason = f"still failing after {delivery.num_delivered} deliveries: {type(exc).__name__}: {exc}"
+                    await self._reject(msg, delivery, event.DESCRIPTOR.full_name, reason)
+                    return
                 log.exception(
                     "event.handler_failed",
                     subject=msg.subject,
@@ -439,6 +484,9 @@ class _PullLoop:
 
     async def _dispatch_batch(self, items: list[tuple[Any, Message, Delivery]]) -> None:
         assert self.batch_handler is not None
+        if len(items) == 1:
+            await self._dispatch_one(*items[0])
+            return
         links = [trace.Link(trace.get_current_span(d.context).get_span_context()) for _, _, d in items if d.context]
         try:
             with tracer.start_as_current_span(
@@ -446,13 +494,9 @@ class _PullLoop:
             ):
                 await self.batch_handler([(e, d) for _, e, d in items])
         except Exception as exc:
-            if is_permanent(exc):  # find the bad event: one at a time
-                for msg, event, delivery in items:
-                    await self._dispatch_one(msg, event, delivery)
-                return
-            log.exception("event.batch_failed", events=len(items))
-            for msg, _, _ in items:
-                await msg.nak(delay=self.nak_delay_s)
+            log.warning("event.batch_failed", events=len(items), error=type(exc).__name__, permanent=is_permanent(exc))
+            for msg, event, delivery in items:  # find the failing events: one at a time
+                await self._dispatch_one(msg, event, delivery)
             return
         for msg, _, _ in items:
             await msg.ack()

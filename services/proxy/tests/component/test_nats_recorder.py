@@ -12,7 +12,7 @@ from openforge.proxy.v1 import events_pb2
 from openforge_core.events import EventBus
 from openforge_core.record_delta import expand_records
 from openforge_core.settings import NatsSettings
-from openforge_proxy.adapters.publisher import SUBJECT, NatsRecorder, record_proto
+from openforge_proxy.adapters.publisher import SUBJECT, NatsRecorder, event_bytes, record_proto
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import CallRecordData, RecordTooLarge
@@ -81,3 +81,25 @@ async def test_deltas_cross_the_bus_and_a_record_over_its_limit_is_refused(nats_
     assert expand_records(sent[:2]) == [record_proto(first), record_proto(second)]
     with pytest.raises(ValueError, match="base"):
         expand_records(sent)
+
+
+async def test_a_record_just_under_the_limit_with_its_headers_over_it_is_refused_and_the_bus_lives(
+    nats_server_fn: NatsServer,
+) -> None:
+    """The server counts the header block with the payload and closes the connection of a client
+    that exceeds max_payload: an event that fits alone but not with its headers is refused here."""
+    bus = EventBus(NatsSettings(url=nats_server_fn.url))
+    await bus.connect()
+    try:
+        recorder = NatsRecorder(bus)
+        rec = _record("c1", 1, filler=10)
+        small = len(event_bytes(rec))
+        pad = bus.max_payload - small - 20  # the event alone: 20 bytes under the limit
+        rec = dataclasses.replace(rec, response_body=b"x" * (pad - 4))  # the field's tag and length
+        assert bus.max_payload - 40 < len(event_bytes(rec)) <= bus.max_payload
+        with pytest.raises(RecordTooLarge):
+            await recorder.record(rec)
+        await recorder.record(_record("c2", 2))  # the connection is still usable
+        assert bus.connected
+    finally:
+        await bus.close()

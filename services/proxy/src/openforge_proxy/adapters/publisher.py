@@ -22,7 +22,7 @@ from google.protobuf import struct_pb2
 
 from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import events_pb2
-from openforge_core.events import EventBus, subject_for
+from openforge_core.events import EventBus, MessageTooLarge, subject_for
 from openforge_core.record_delta import RecordCut
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
@@ -235,9 +235,11 @@ class NatsRecorder:
         """Publishes the record (de-duplicated per event id).
 
         Raises:
-            RecordTooLarge: The event exceeds the server's ``max_payload``.
+            RecordTooLarge: The event with its headers exceeds the server's ``max_payload``
+                (refused before sending: the server would close the connection).
         """
         event = event_bytes(data, structs=self._structs)
-        if len(event) > self._bus.max_payload:
-            raise RecordTooLarge(len(event), self._bus.max_payload)
-        await self._bus.publish_bytes(SUBJECT, event, type_name=_TYPE_NAME, event_id=data.event_id)
+        try:
+            await self._bus.publish_bytes(SUBJECT, event, type_name=_TYPE_NAME, event_id=data.event_id)
+        except MessageTooLarge as exc:
+            raise RecordTooLarge(exc.size, exc.limit) from exc
