@@ -46,6 +46,11 @@ class BytesCut:
         suffix = pw.common_suffix(base, full, min(len(base), len(full)) - prefix)
         return BytesCut(prefix, suffix, full[prefix : len(full) - suffix])
 
+    @property
+    def size(self) -> int:
+        """Bytes of the full string."""
+        return self.prefix + len(self.middle) + self.suffix
+
     def apply(self, base: bytes) -> bytes:
         """The full byte string.
 
@@ -55,6 +60,10 @@ class BytesCut:
         if self.prefix + self.suffix > len(base):
             raise ValueError(f"base of {len(base)} bytes, delta takes {self.prefix} + {self.suffix}")
         return base[: self.prefix] + self.middle + base[len(base) - self.suffix :]
+
+    def proto(self) -> common_pb2.BytesDelta:
+        """The ``BytesDelta`` message (the middle travels in the record's own field)."""
+        return common_pb2.BytesDelta(prefix=self.prefix, suffix=self.suffix, size=self.size)
 
     @property
     def saved(self) -> int:
@@ -89,6 +98,7 @@ class RecordCut:
         base: The base.
         prompt_prefix_tokens: Leading ids taken from the base's sequence.
         prompt_tail: Packed varints of the prompt ids after them.
+        prompt_tokens: Ids in the whole prompt.
         request_json: The request body's cut.
         canonical_json: The canonical conversation's cut.
     """
@@ -96,6 +106,7 @@ class RecordCut:
     base: RecordBase
     prompt_prefix_tokens: int
     prompt_tail: bytes
+    prompt_tokens: int
     request_json: BytesCut
     canonical_json: BytesCut
 
@@ -117,7 +128,7 @@ class RecordCut:
         tail = prompt[shared:]
         if prompt_ids is None:
             prompt_ids = pw.count_varints(prompt)
-        return RecordCut(base, prompt_ids - pw.count_varints(tail), tail, req, canon)
+        return RecordCut(base, prompt_ids - pw.count_varints(tail), tail, prompt_ids, req, canon)
 
     def delta_bytes(self) -> bytes:
         """The serialized ``RecordDelta``."""
@@ -125,8 +136,9 @@ class RecordCut:
             base_call_id=self.base.call_id,
             base_attempt=self.base.attempt,
             prompt_prefix_tokens=self.prompt_prefix_tokens,
-            request_json=common_pb2.BytesDelta(prefix=self.request_json.prefix, suffix=self.request_json.suffix),
-            canonical_json=common_pb2.BytesDelta(prefix=self.canonical_json.prefix, suffix=self.canonical_json.suffix),
+            request_json=self.request_json.proto(),
+            canonical_json=self.canonical_json.proto(),
+            prompt_tokens=self.prompt_tokens,
         ).SerializeToString()
 
 
@@ -179,6 +191,11 @@ class FullParts:
     canonical_json: bytes
     sequence: bytes
 
+    @property
+    def size(self) -> int:
+        """Bytes held."""
+        return len(self.request_json) + len(self.canonical_json) + len(self.sequence)
+
     @staticmethod
     def of(record: bytes) -> FullParts:
         """The parts of a full serialized ``CallRecord``.
@@ -214,22 +231,29 @@ def expand_record(record: bytes, base: FullParts) -> bytes:
 
     Raises:
         ValueError: Malformed record, or a base that cannot be the one it was coded against
-            (too short for the delta).
+            (too short for the delta, or rebuilt sizes that differ from the delta's).
     """
     parts, rest = pw.split_fields(record, _LARGE)
     if DELTA not in parts:
         return record
     delta = common_pb2.RecordDelta.FromString(parts[DELTA])
     cut = pw.varint_offset(base.sequence, delta.prompt_prefix_tokens)
-    prompt = base.sequence[:cut] + parts.get(PROMPT, b"")
-    request = BytesCut(delta.request_json.prefix, delta.request_json.suffix, parts.get(REQUEST_JSON, b""))
-    canonical = BytesCut(delta.canonical_json.prefix, delta.canonical_json.suffix, parts.get(CANONICAL_JSON, b""))
-    out = [rest]
-    for num, value in (
-        (PROMPT, prompt),
-        (REQUEST_JSON, request.apply(base.request_json)),
-        (CANONICAL_JSON, canonical.apply(base.canonical_json)),
+    tail = parts.get(PROMPT, b"")
+    prompt = base.sequence[:cut] + tail
+    got = delta.prompt_prefix_tokens + pw.count_varints(tail)
+    if got != delta.prompt_tokens:
+        raise ValueError(f"prompt rebuilt to {got} ids, the delta says {delta.prompt_tokens}")
+    fields = []
+    for name, num, d, base_value in (
+        ("request_json", REQUEST_JSON, delta.request_json, base.request_json),
+        ("canonical_json", CANONICAL_JSON, delta.canonical_json, base.canonical_json),
     ):
+        value = BytesCut(d.prefix, d.suffix, parts.get(num, b"")).apply(base_value)
+        if len(value) != d.size:
+            raise ValueError(f"{name} rebuilt to {len(value)} bytes, the delta says {d.size}")
+        fields.append((num, value))
+    out = [rest]
+    for num, value in ((PROMPT, prompt), *fields):
         if value:  # proto3: empty fields are not written
             out.append(pw.len_field(num, value))
     return b"".join(out)

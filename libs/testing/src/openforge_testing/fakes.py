@@ -355,6 +355,8 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
         self.seen: list[SeenRequest] = []
         self.fail_next: list[grpc.StatusCode] = []
         self.fail_after_tokens: int | None = None
+        #: When set, the next generation streams one logprob fewer than token ids (a broken engine).
+        self.short_logprobs = False
         eos = self._tok.token_to_id("<|im_end|>")
         assert eos is not None, "the fake tokenizer has no <|im_end|>"
         self.eos_id = int(eos)
@@ -436,6 +438,9 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "fake inference died mid-stream")
             chunk = ids[start : start + step]
             lps = [self.logprob(start + i) for i in range(len(chunk))]
+            if self.short_logprobs and lps:
+                self.short_logprobs = False
+                lps.pop()
             seen.sampled_ids.extend(chunk)
             seen.logprobs.extend(lps)
             msg = inference_pb2.GenerateResponse(

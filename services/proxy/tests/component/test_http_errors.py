@@ -290,3 +290,23 @@ async def test_a_record_over_the_bus_limit_stops_the_harness(model_dir: Path, st
     reply = await proxy.post(MESSAGES, anthropic_body(stream=False), key=key)
     assert_anthropic_error(reply, 400, "invalid_request_error")
     assert proxy.recorder.records == []
+
+
+async def test_engine_output_the_store_would_refuse_fails_the_call_unrecorded(
+    model_dir: Path, start_proxy: Any
+) -> None:
+    """Sampled ids without a logprob each would make a record the store refuses (and every later
+    record coded against it): the call fails as an inference failure instead."""
+    fake = ScriptedInferenceServer(model_dir, default=lambda p: "fine")
+    proxy = await start_proxy(fake)
+    key = proxy.session()
+    fake.short_logprobs = True
+    reply = await proxy.post(CHAT, chat_body(stream=False), key=key, bearer=True)
+    assert_openai_error(reply, 503, "server_error")
+    assert "logprobs" in reply.json()["error"]["message"]
+    fake.short_logprobs = True
+    events = (await proxy.post(MESSAGES, anthropic_body(stream=True), key=key)).events()
+    assert events[-1][0] == "error" and all(e != "message_stop" for e, _ in events)
+    assert proxy.recorder.records == []
+    assert (await proxy.post(CHAT, chat_body(stream=False), key=key, bearer=True)).status == 200  # then it serves
+    assert len(proxy.recorder.records) == 1

@@ -115,3 +115,81 @@ def test_a_delta_that_does_not_fit_its_base_is_refused(repo: SqlRepository) -> N
     with pytest.raises(InvalidArgument, match="does not fit its base"):
         repo.ingest([(eid, event)])
     assert repo.count_calls() == 1
+
+
+def _threads(rollout_id: str) -> list[tuple[str, proxy.CallRecorded, bytes]]:
+    """Three conversation threads of one rollout (main agent and two sub-agents) whose calls
+    interleave, each call coded against the previous call of its own thread."""
+    threads = [_full_calls(rollout_id) for _ in range(3)]
+    out = []
+    for turn in range(TURNS):
+        for t, calls in enumerate(threads):
+            c = calls[turn]
+            c.call_id = f"t{t}-{c.call_id}"
+            c.receive_time.FromNanoseconds(1_000_000_000 + turn * 1000 + t)
+            data = c.SerializeToString()
+            if turn:
+                prev = calls[turn - 1]
+                data = cut_record(data, FullParts.of(prev.SerializeToString()).as_base(prev.call_id, prev.attempt))
+            eid = f"{rollout_id}/{c.call_id}/1"
+            event = proxy.CallRecorded(event_id=eid, record=common_pb2.CallRecord.FromString(data))
+            out.append((eid, event, event.SerializeToString()))
+    return out
+
+
+def test_interleaved_threads_are_rebuilt_from_memory_and_from_the_database(repo: SqlRepository) -> None:
+    events = _threads("r0")
+    assert sum(e.record.HasField("delta") for _, e, _ in events) == 3 * (TURNS - 1)
+    for _, e, _ in events:  # one event per batch, as a slow stream delivers them
+        repo.ingest([(e.event_id, e)])
+    assert repo.delta_base_misses == 0  # each thread's base was still in memory
+    want = [e.record for _, e, _ in _threads("r1")]  # the same calls in another rollout
+    got = repo.calls("r0")
+    assert len(got) == 3 * TURNS
+    assert [(c.call_id, c.request_json, list(c.prompt_token_ids)) for c in got] == [
+        (c.call_id, c.request_json, list(c.prompt_token_ids)) for c in _expanded(want)
+    ]
+    small = SqlRepository(repo.dsn, delta_base_bytes=1)  # nothing fits in memory: every base is read back
+    small.open()
+    try:
+        for _, e, _ in _threads("r2"):
+            small.ingest([(e.event_id, e)])
+        assert small.delta_base_misses == 3 * (TURNS - 1)
+        assert [c.request_json for c in small.calls("r2")] == [c.request_json for c in got]
+    finally:
+        small.close()
+
+
+def _expanded(records: list[common_pb2.CallRecord]) -> list[common_pb2.CallRecord]:
+    from openforge_core.record_delta import expand_records
+
+    return expand_records(records)
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        "prompt_prefix_tokens",
+        "request_prefix",
+        "empty_delta",
+        "itself_as_base",
+    ],
+)
+def test_a_delta_inconsistent_with_its_base_is_refused_not_stored_wrong(repo: SqlRepository, spoil: str) -> None:
+    full = _full_calls("r0")
+    events = _events(full)
+    repo.ingest([submitted(make_rollout("r0")), events[0]])
+    eid, event, _ = events[1]
+    d = event.record.delta
+    if spoil == "prompt_prefix_tokens":
+        d.prompt_prefix_tokens -= 1  # within the base: only the delta's own count tells
+    elif spoil == "request_prefix":
+        d.request_json.prefix -= 3  # within the base: only the delta's own size tells
+    elif spoil == "empty_delta":
+        event.record.delta.Clear()
+        event.record.delta.SetInParent()
+    else:
+        d.base_call_id, d.base_attempt = event.record.call_id, event.record.attempt
+    with pytest.raises(InvalidArgument):
+        repo.ingest([(eid, event)])
+    assert repo.count_calls() == 1

@@ -648,6 +648,13 @@ class _Generation:
         self.ids.extend(delta.token_ids)
         self.logprobs.extend(delta.logprobs)
         self.versions.extend(delta.policy_versions)
+        n = len(self.ids)
+        if len(self.logprobs) not in (0, n) or len(self.versions) not in (0, n):
+            # a record the store would refuse (and later records coded against it with it)
+            raise EngineUnavailable(
+                f"the engine sent {n} token ids with {len(self.logprobs)} logprobs and "
+                f"{len(self.versions)} policy versions"
+            )
         data = b""
         logprobs = self.out.token_logprobs
         for i, tid in enumerate(delta.token_ids):

@@ -138,6 +138,10 @@ def _owner_only(path: Path) -> None:
     os.chmod(path, 0o600)
 
 
+#: (rollout id, call id, attempt) of a stored call.
+_FullKey = tuple[str, str, int]
+
+
 class BaseNotStored(Unavailable):
     """A call record coded against a base (``RecordDelta``) that is not stored yet.
 
@@ -154,9 +158,10 @@ class SqlRepository:
             ``postgresql://...`` for PostgreSQL.
         base_cache: Rollouts whose last call sequence is kept in memory to
             delta-encode the next call's prompt.
-        delta_base_cache: Rollouts whose last call's request and canonical JSON are kept in
-            memory to rebuild the proxy's next record of the rollout (``RecordDelta``); a miss
-            reads the rollout's calls back from the database.
+        delta_base_bytes: Memory for the latest calls' request JSON, canonical JSON and token
+            sequence, kept to rebuild the proxy's records coded against them (``RecordDelta``),
+            least recently used first out; a miss reads the rollout's calls back from the
+            database.
         clock: Unix seconds (injectable for tests).
     """
 
@@ -165,7 +170,7 @@ class SqlRepository:
         dsn: str,
         *,
         base_cache: int = 4096,
-        delta_base_cache: int = 256,
+        delta_base_bytes: int = 256 * 2**20,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.dsn = dsn
@@ -175,8 +180,10 @@ class SqlRepository:
         self._conn: _Conn | None = None
         self._bases: OrderedDict[str, tuple[tokens.CallKey, bytes]] = OrderedDict()
         self._base_cache = base_cache
-        self._delta_bases: OrderedDict[str, tuple[tokens.CallKey, record_delta.FullParts]] = OrderedDict()
-        self._delta_base_cache = delta_base_cache
+        self._delta_bases: OrderedDict[_FullKey, record_delta.FullParts] = OrderedDict()
+        self._delta_bytes = 0
+        self._delta_base_bytes = delta_base_bytes
+        self.delta_base_misses = 0  # deltas whose base was read back from the database
 
     # -- connection ---------------------------------------------------------------------------
 
@@ -275,7 +282,7 @@ class SqlRepository:
         """
         result = IngestResult()
         pending_bases: dict[str, tuple[tokens.CallKey, bytes]] = {}
-        pending_full: dict[str, tuple[tokens.CallKey, record_delta.FullParts]] = {}
+        pending_full: dict[_FullKey, record_delta.FullParts] = {}
         now = self._clock()
         with self._tx():
             touched_rollouts: list[str] = []
@@ -342,11 +349,8 @@ class SqlRepository:
             self._bases.move_to_end(rollout_id)
             while len(self._bases) > self._base_cache:
                 self._bases.popitem(last=False)
-        for rollout_id, full in pending_full.items():
-            self._delta_bases[rollout_id] = full
-            self._delta_bases.move_to_end(rollout_id)
-            while len(self._delta_bases) > self._delta_base_cache:
-                self._delta_bases.popitem(last=False)
+        for key, full in pending_full.items():
+            self._keep_delta_base(key, full)
         return result
 
     def _upsert_rollout(self, r: common_pb2.Rollout, expected_calls: int, now: float) -> None:
@@ -389,7 +393,7 @@ class SqlRepository:
         rec: common_pb2.CallRecord,
         data: bytes | None,
         pending: dict[str, tuple[tokens.CallKey, bytes]],
-        pending_full: dict[str, tuple[tokens.CallKey, record_delta.FullParts]],
+        pending_full: dict[_FullKey, record_delta.FullParts],
     ) -> None:
         if not rec.rollout_id or not rec.call_id:
             raise InvalidArgument("call record without rollout_id or call_id", reason="BAD_CALL_RECORD")
@@ -423,31 +427,47 @@ class SqlRepository:
         )
         if cur.rowcount:
             pending[rec.rollout_id] = (stored.key, stored.sequence)
-            full = record_delta.FullParts.of(data)
-            pending_full[rec.rollout_id] = (stored.key, full)
+            pending_full[(rec.rollout_id, *stored.key)] = record_delta.FullParts.of(data)
+
+    def _keep_delta_base(self, key: _FullKey, full: record_delta.FullParts) -> None:
+        old = self._delta_bases.pop(key, None)
+        if old is not None:
+            self._delta_bytes -= old.size
+        self._delta_bases[key] = full
+        self._delta_bytes += full.size
+        while self._delta_bytes > self._delta_base_bytes and self._delta_bases:
+            _, dropped = self._delta_bases.popitem(last=False)
+            self._delta_bytes -= dropped.size
 
     def _expand(
         self,
         rec: common_pb2.CallRecord,
         data: bytes,
-        pending_full: dict[str, tuple[tokens.CallKey, record_delta.FullParts]],
+        pending_full: dict[_FullKey, record_delta.FullParts],
     ) -> bytes:
         """The full record of one coded against an earlier call of its rollout (``RecordDelta``)."""
-        key = (rec.delta.base_call_id, rec.delta.base_attempt)
-        base: record_delta.FullParts | None = None
-        for cached in (pending_full.get(rec.rollout_id), self._delta_bases.get(rec.rollout_id)):
-            if cached is not None and cached[0] == key:
-                base = cached[1]
-                break
-        if base is None:  # not the last call ingested here: read the rollout back (rare)
+        d = rec.delta
+        if not d.base_call_id or (d.base_call_id, d.base_attempt) == (rec.call_id, rec.attempt):
+            raise InvalidArgument(
+                f"call {rec.call_id}: a delta must name an earlier call as its base", reason="BAD_CALL_RECORD"
+            )
+        key = (rec.rollout_id, d.base_call_id, d.base_attempt)
+        base = pending_full.get(key)
+        if base is None:
+            base = self._delta_bases.get(key)
+            if base is not None:
+                self._delta_bases.move_to_end(key)
+        if base is None:  # evicted, or the store restarted: read the rollout back (rare)
+            self.delta_base_misses += 1
             for view in self._load_calls(rec.rollout_id):
-                if view.key == key:
+                if view.key == key[1:]:
                     base = record_delta.FullParts.of(view.data)
+                    self._keep_delta_base(key, base)
                     break
         if base is None:
             raise BaseNotStored(
                 f"call {rec.call_id} attempt {rec.attempt} of rollout {rec.rollout_id} is coded against "
-                f"call {key[0]} attempt {key[1]}, which is not stored yet",
+                f"call {key[1]} attempt {key[2]}, which is not stored yet",
                 reason="BASE_NOT_STORED",
             )
         try:

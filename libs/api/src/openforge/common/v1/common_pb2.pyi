@@ -548,6 +548,7 @@ class RecordDelta(_message.Message):
     PROMPT_PREFIX_TOKENS_FIELD_NUMBER: _builtins.int
     REQUEST_JSON_FIELD_NUMBER: _builtins.int
     CANONICAL_JSON_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     base_call_id: _builtins.str
     """The base record's call id."""
     base_attempt: _builtins.int
@@ -557,6 +558,8 @@ class RecordDelta(_message.Message):
     prompt_token_ids followed by its completion_token_ids, then this record's
     prompt_token_ids.
     """
+    prompt_tokens: _builtins.int
+    """Ids in the full prompt (a check of the rebuilt prompt)."""
     @_builtins.property
     def request_json(self) -> Global___BytesDelta:
         """request_json holds the bytes between this many leading and trailing bytes
@@ -577,10 +580,11 @@ class RecordDelta(_message.Message):
         prompt_prefix_tokens: _builtins.int = ...,
         request_json: Global___BytesDelta | None = ...,
         canonical_json: Global___BytesDelta | None = ...,
+        prompt_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["canonical_json", b"canonical_json", "request_json", b"request_json"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_attempt", b"base_attempt", "base_call_id", b"base_call_id", "canonical_json", b"canonical_json", "prompt_prefix_tokens", b"prompt_prefix_tokens", "request_json", b"request_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_attempt", b"base_attempt", "base_call_id", b"base_call_id", "canonical_json", b"canonical_json", "prompt_prefix_tokens", b"prompt_prefix_tokens", "prompt_tokens", b"prompt_tokens", "request_json", b"request_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -596,19 +600,23 @@ class BytesDelta(_message.Message):
 
     PREFIX_FIELD_NUMBER: _builtins.int
     SUFFIX_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
     prefix: _builtins.int
     """Leading bytes taken from the base."""
     suffix: _builtins.int
     """Trailing bytes taken from the base."""
+    size: _builtins.int
+    """Bytes of the full string (a check of the rebuilt string)."""
     def __init__(
         self,
         *,
         prefix: _builtins.int = ...,
         suffix: _builtins.int = ...,
+        size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prefix", b"prefix", "suffix", b"suffix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prefix", b"prefix", "size", b"size", "suffix", b"suffix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
