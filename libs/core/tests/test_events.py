@@ -236,3 +236,56 @@ async def test_an_event_failing_transiently_does_not_take_its_batch_down_and_is_
     finally:
         await producer.close()
         await consumer.close()
+
+
+async def test_an_event_too_large_to_dead_letter_whole_is_dead_lettered_without_its_bytes(
+    nats_server_fn: NatsServer,
+) -> None:
+    """A refused event a few hundred bytes under max_payload does not fit in a DeadLetter (its
+    fields and headers come on top): the letter keeps the reason and ids, and the events after it
+    are applied."""
+    from openforge.common.v1 import common_pb2
+    from openforge_core.errors import InvalidArgument
+
+    producer, consumer = await _bus(nats_server_fn), await _bus(nats_server_fn)
+    applied: list[int] = []
+    dead = Collector()
+
+    async def handle(batch: Any) -> None:
+        if any(e.version == 32 for e, _ in batch):
+            raise InvalidArgument("version 32 is refused")
+        applied.extend(e.version for e, _ in batch)
+
+    try:
+        await consumer.consume("c10", [subject_for("trainer", "dead_letter")], [common_pb2.DeadLetter], dead)
+        big = _event(32)
+        big.uri = "u" * (producer.max_payload - 250)  # fits with its headers; a DeadLetter of it does not
+        for event in (_event(31), big, _event(33)):
+            await producer.publish(SUBJECT, event, event_id=event.event_id)
+        await consumer.consume(
+            "c11", [SUBJECT], [events_pb2.WeightsPublished], batch_handler=handle, dead_letter_domain="trainer"
+        )
+        await dead.wait_for(1)
+        letter = dead.received[0][0]
+        assert isinstance(letter, common_pb2.DeadLetter)
+        assert letter.original_event_id == "w/32" and letter.data == b""
+        assert "version 32 is refused" in letter.reason and "too large for a dead letter" in letter.reason
+        for _ in range(50):
+            if 33 in applied:
+                break
+            await asyncio.sleep(0.1)
+        assert sorted(applied) == [31, 33]
+    finally:
+        await producer.close()
+        await consumer.close()
+
+
+def test_redelivery_delays_double_up_to_a_minute() -> None:
+    from typing import cast
+
+    from openforge_core.events import MAX_NAK_DELAY_S, _PullLoop
+
+    loop = _PullLoop(cast(Any, None), cast(Any, None), "d", {}, None, None, None, 1.0, 20)
+    delays = [loop.nak_delay(n) for n in range(1, 21)]
+    assert delays[:4] == [1.0, 2.0, 4.0, 8.0] and delays[-1] == MAX_NAK_DELAY_S
+    assert 800 < sum(delays[:-1]) < 1000  # the 19 waits before the last delivery: about 15 minutes

@@ -113,6 +113,9 @@ class MessageTooLarge(ValueError):
         self.limit = limit
 
 
+#: Longest redelivery delay after a transient handler error, seconds.
+MAX_NAK_DELAY_S = 60.0
+
 #: Bytes of a header block besides its lines: ``NATS/1.0\r\n`` and the closing ``\r\n``.
 _HEADER_BLOCK = len(b"NATS/1.0\r\n\r\n")
 
@@ -284,7 +287,8 @@ class EventBus:
         one fetch at once (to commit them in one transaction). Messages are
         acked only after their handler returned. A handler that raises an
         invalid-argument error (:func:`is_permanent`) has its event dead-lettered;
-        any other error naks it for redelivery after ``nak_delay_s``, except on its
+        any other error naks it for redelivery after ``nak_delay_s`` (doubled on each
+        further failure, up to :data:`MAX_NAK_DELAY_S`), except on its
         last allowed delivery (``max_deliver``), where it is dead-lettered too rather
         than dropped by JetStream unseen. A batch that fails is retried one event at
         a time, so only the failing event is naked or dead-lettered and the others
@@ -309,7 +313,7 @@ class EventBus:
             batch: Messages fetched per pull.
             max_deliver: Deliveries before JetStream gives up on a message.
             ack_wait_s: Seconds before an unacked message is redelivered.
-            nak_delay_s: Redelivery delay after a transient handler error, seconds.
+            nak_delay_s: Redelivery delay after a first transient handler error, seconds.
 
         Raises:
             ValueError: Neither or both of ``handler`` and ``batch_handler`` given.
@@ -332,8 +336,11 @@ class EventBus:
                     ack_wait=ack_wait_s,
                 ),
             )
+            # an existing durable keeps the max_deliver it was created with: dead-letter by that one
+            info = await sub.consumer_info()
+            server_max = info.config.max_deliver if info.config and info.config.max_deliver else max_deliver
             loop = _PullLoop(
-                self, sub, name, by_name, handler, batch_handler, dead_letter_domain, nak_delay_s, max_deliver
+                self, sub, name, by_name, handler, batch_handler, dead_letter_domain, nak_delay_s, server_max
             )
             task = asyncio.create_task(loop.run(batch), name=name)
             self._tasks.append(task)
@@ -451,7 +458,13 @@ class _PullLoop:
             data=msg.data,
             consumer=self.durable,
         )
-        await self.bus.publish(subject_for(self.dead_domain, "dead_letter"), dead, event_id=dead.event_id)
+        subject = subject_for(self.dead_domain, "dead_letter")
+        try:
+            await self.bus.publish(subject, dead, event_id=dead.event_id)
+        except MessageTooLarge:  # the event itself was near the limit: keep the letter without it
+            dead.data = b""
+            dead.reason += f" (the event's {len(msg.data)} bytes are not kept: too large for a dead letter)"
+            await self.bus.publish(subject, dead, event_id=dead.event_id)
         await msg.ack()
 
     async def _dispatch_one(self, msg: Any, event: Message, delivery: Delivery) -> None:
@@ -478,9 +491,15 @@ class _PullLoop:
                     event_id=delivery.event_id,
                     num_delivered=delivery.num_delivered,
                 )
-                await msg.nak(delay=self.nak_delay_s)
+                await msg.nak(delay=self.nak_delay(delivery.num_delivered))
                 return
             await msg.ack()
+
+    def nak_delay(self, num_delivered: int) -> float:
+        """Redelivery delay after the ``num_delivered``-th delivery failed: ``nak_delay_s``
+        doubled each time, at most :data:`MAX_NAK_DELAY_S`, so that the deliveries JetStream
+        allows span an outage (20 deliveries from 1 s: about 15 minutes), not 20 seconds."""
+        return min(self.nak_delay_s * 2.0 ** max(num_delivered - 1, 0), MAX_NAK_DELAY_S)
 
     async def _dispatch_batch(self, items: list[tuple[Any, Message, Delivery]]) -> None:
         assert self.batch_handler is not None
