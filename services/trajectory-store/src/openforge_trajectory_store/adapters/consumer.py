@@ -2,8 +2,9 @@
 
 Each fetch of events is committed in one transaction and acked after the
 commit; completed groups are announced with ``GroupCompleted`` afterwards and
-marked published only once JetStream acknowledged the event (re-published on
-restart otherwise; the ``Nats-Msg-Id`` "group/<id>" drops a duplicate).
+marked published only once JetStream acknowledged the event (retried with
+growing pauses until it is, and on restart; the ``Nats-Msg-Id`` "group/<id>"
+drops a duplicate).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class EventIngestor:
         self._bus = bus
         self._on_group = on_group
         self._publish_lock = asyncio.Lock()
+        self._republish: asyncio.Task[None] | None = None
 
     async def handle_batch(self, batch: Sequence[tuple[Message, Delivery]]) -> None:
         """Commits a batch (idempotent per event id); raises to have it redelivered."""
@@ -73,7 +75,29 @@ class EventIngestor:
             log.info("events.duplicates_skipped", count=result.duplicates)
         if result.completed_groups:
             self._on_group()
-            await self.publish_completed(result.completed_groups)
+            try:
+                await self.publish_completed(result.completed_groups)
+            except Exception as exc:  # committed: redelivering the batch would not announce them again
+                log.error("group.publish_failed", error=type(exc).__name__, groups=len(result.completed_groups))
+                self._retry_publish()
+
+    def _retry_publish(self) -> None:
+        """Announces every unpublished group again, with growing pauses, until it succeeds."""
+        if self._republish is not None and not self._republish.done():
+            return
+
+        async def retry() -> None:
+            delay = 1.0
+            while True:
+                await asyncio.sleep(delay)
+                try:
+                    await self.publish_completed()
+                    return
+                except Exception as exc:
+                    log.error("group.publish_failed", error=type(exc).__name__, retry_in_s=delay)
+                    delay = min(delay * 2, 60.0)
+
+        self._republish = asyncio.create_task(retry(), name="republish-groups")
 
     async def publish_completed(self, groups: Sequence[CompletedGroup] | None = None) -> None:
         """Publishes GroupCompleted for the given groups (default: every unpublished one)."""
