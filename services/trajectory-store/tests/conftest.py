@@ -20,7 +20,16 @@ def repo(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlReposito
         yield r
         r.close()
         return
-    dsn = request.getfixturevalue("postgres_dsn")
+    yield from _postgres_repo(request.getfixturevalue("postgres_dsn"))
+
+
+@pytest.fixture
+def pg_repo(postgres_dsn: str) -> Iterator[SqlRepository]:
+    """A migrated repository on PostgreSQL (a fresh schema)."""
+    yield from _postgres_repo(postgres_dsn)
+
+
+def _postgres_repo(dsn: str) -> Iterator[SqlRepository]:
     import psycopg
 
     schema = f"t_{uuid.uuid4().hex[:12]}"

@@ -275,3 +275,21 @@ def test_step_metrics_are_paged_in_step_order(repo: SqlRepository) -> None:
         repo.step_metrics_page("nope", 0, "")
     with pytest.raises(InvalidArgument):
         repo.step_metrics_page("run", 0, "s:x")
+
+
+def test_a_lost_postgresql_connection_is_opened_again(postgres_dsn: str, pg_repo: SqlRepository) -> None:
+    """A server restart or failover kills the store's connection: the statement that finds it lost
+    fails (its events are redelivered) and the next one runs on a new connection."""
+    import psycopg
+
+    repo = pg_repo
+    calls = conversation("r0", 2)
+    repo.ingest([recorded(calls[0])])
+    pid = repo._x("SELECT pg_backend_pid()").fetchone()[0]
+    with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(psycopg.OperationalError):
+        repo.ingest([recorded(calls[1])])
+    repo.ingest([recorded(calls[1])])  # redelivered: on a new connection
+    assert repo.count_calls() == 2
+    assert repo._x("SELECT pg_backend_pid()").fetchone()[0] != pid

@@ -22,6 +22,7 @@ Schema (versioned; :data:`MIGRATIONS` are applied in order and recorded in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -96,6 +97,7 @@ class _Conn(Protocol):
     def commit(self) -> None: ...
     def rollback(self) -> None: ...
     def close(self) -> None: ...
+    def broken(self) -> bool: ...
 
 
 @dataclass
@@ -178,6 +180,7 @@ class SqlRepository:
         self._clock = clock
         self._lock = threading.RLock()
         self._conn: _Conn | None = None
+        self._in_tx = False
         self._bases: OrderedDict[str, tuple[tokens.CallKey, bytes]] = OrderedDict()
         self._base_cache = base_cache
         self._delta_bases: OrderedDict[_FullKey, record_delta.FullParts] = OrderedDict()
@@ -195,9 +198,7 @@ class SqlRepository:
         """
         try:
             if self.postgres:
-                import psycopg
-
-                self._conn = _ExplicitTx(psycopg.connect(self.dsn, autocommit=True))
+                self._conn = self._connect_postgres()
             else:
                 path = Path(self.dsn.removeprefix("sqlite:///").removeprefix("sqlite://"))
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -225,21 +226,44 @@ class SqlRepository:
     def _sql(self, sql: str) -> str:
         return sql.replace("?", "%s") if self.postgres else sql
 
+    def _connect_postgres(self) -> _Conn:
+        import psycopg
+
+        return _ExplicitTx(psycopg.connect(self.dsn, autocommit=True))
+
+    def _live(self) -> _Conn:
+        """The connection, opened again when it was lost: the statement that found it lost
+        failed (its events are redelivered), the next one runs on a new connection."""
+        conn = self._conn
+        assert conn is not None, "open() first"
+        if conn.broken():
+            log.warning("store.reconnecting", backend="postgresql" if self.postgres else "sqlite")
+            with contextlib.suppress(Exception):
+                conn.close()
+            self._conn = conn = self._connect_postgres() if self.postgres else conn
+        return conn
+
     def _x(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        assert self._conn is not None, "open() first"
-        return self._conn.execute(self._sql(sql), params)
+        # inside a transaction never on a new connection: its statements would commit one by one
+        conn = self._conn if self._in_tx else self._live()
+        assert conn is not None, "open() first"
+        return conn.execute(self._sql(sql), params)
 
     @contextmanager
     def _tx(self) -> Iterator[None]:
         with self._lock:
-            assert self._conn is not None, "open() first"
-            self._x("BEGIN" if self.postgres else "BEGIN IMMEDIATE")
+            conn = self._live()
+            conn.execute(self._sql("BEGIN" if self.postgres else "BEGIN IMMEDIATE"))
+            self._in_tx = True
             try:
                 yield
             except BaseException:
-                self._conn.rollback()
+                if not conn.broken():
+                    conn.rollback()
                 raise
-            self._conn.commit()
+            finally:
+                self._in_tx = False
+            conn.commit()
 
     def _migrate(self) -> None:
         blob, serial = ("BYTEA", "BIGSERIAL PRIMARY KEY") if self.postgres else ("BLOB", "INTEGER PRIMARY KEY")
@@ -847,3 +871,7 @@ class _ExplicitTx:
 
     def close(self) -> None:
         self._c.close()
+
+    def broken(self) -> bool:
+        """Whether the connection was lost (a PostgreSQL server restart, a failover, a kill)."""
+        return bool(getattr(self._c, "broken", False) or getattr(self._c, "closed", False))
