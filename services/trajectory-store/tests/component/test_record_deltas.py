@@ -9,6 +9,7 @@ earlier one, or only from the database (a restarted store).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from store_builders import conversation, finished, make_rollout, submitted
@@ -193,3 +194,21 @@ def test_a_delta_inconsistent_with_its_base_is_refused_not_stored_wrong(repo: Sq
     with pytest.raises(InvalidArgument):
         repo.ingest([(eid, event)])
     assert repo.count_calls() == 1
+
+
+def test_a_budget_a_little_over_the_live_bases_serves_every_delta_from_memory(tmp_path: Path) -> None:
+    """A base is dropped once the record coded against it is kept: one entry per live thread, so
+    round-robin rollouts fit in a budget just above their latest records."""
+    rollouts = [_events(_full_calls(f"r{i}")) for i in range(12)]
+    largest = max(FullParts.of(c.SerializeToString()).size for c in _full_calls("x"))  # the last call's
+    repo = SqlRepository(f"sqlite:///{tmp_path / 'store.db'}", delta_base_bytes=int(12 * (largest * 1.3 + 512)))
+    repo.open()
+    try:
+        for turn in range(TURNS):
+            for ev in rollouts:
+                eid, event, raw = ev[turn]
+                repo.ingest([(eid, event, raw)])
+        assert repo.delta_base_misses == 0
+        assert len(repo.calls("r11")) == TURNS
+    finally:
+        repo.close()

@@ -142,6 +142,8 @@ def _owner_only(path: Path) -> None:
 
 #: (rollout id, call id, attempt) of a stored call.
 _FullKey = tuple[str, str, int]
+#: Bytes a kept base costs beyond its three byte strings (key, objects, dict slot).
+_ENTRY_OVERHEAD = 512
 
 
 class BaseNotStored(Unavailable):
@@ -307,6 +309,7 @@ class SqlRepository:
         result = IngestResult()
         pending_bases: dict[str, tuple[tokens.CallKey, bytes]] = {}
         pending_full: dict[_FullKey, record_delta.FullParts] = {}
+        used_bases: set[_FullKey] = set()
         now = self._clock()
         with self._tx():
             touched_rollouts: list[str] = []
@@ -356,7 +359,9 @@ class SqlRepository:
                     )
                 elif isinstance(event, proxy_events.CallRecorded):
                     raw = item[2] if len(item) > 2 else None
-                    self._insert_call(event.record, _record_bytes(raw) if raw else None, pending_bases, pending_full)
+                    self._insert_call(
+                        event.record, _record_bytes(raw) if raw else None, pending_bases, pending_full, used_bases
+                    )
                     touched_rollouts.append(event.record.rollout_id)
                 else:
                     raise InvalidArgument(f"the store does not record {type(event).__name__}", reason="UNKNOWN_EVENT")
@@ -373,6 +378,8 @@ class SqlRepository:
             self._bases.move_to_end(rollout_id)
             while len(self._bases) > self._base_cache:
                 self._bases.popitem(last=False)
+        for key in used_bases:  # superseded by the record coded against it, which is kept instead
+            self._drop_delta_base(key)
         for key, full in pending_full.items():
             self._keep_delta_base(key, full)
         return result
@@ -418,13 +425,14 @@ class SqlRepository:
         data: bytes | None,
         pending: dict[str, tuple[tokens.CallKey, bytes]],
         pending_full: dict[_FullKey, record_delta.FullParts],
+        used_bases: set[_FullKey],
     ) -> None:
         if not rec.rollout_id or not rec.call_id:
             raise InvalidArgument("call record without rollout_id or call_id", reason="BAD_CALL_RECORD")
         if data is None:
             data = rec.SerializeToString()
         if rec.HasField("delta"):
-            data = self._expand(rec, data, pending_full)
+            data = self._expand(rec, data, pending_full, used_bases)
         n = len(rec.completion_token_ids)
         if len(rec.completion_logprobs) not in (0, n) or len(rec.completion_policy_versions) not in (0, n):
             raise InvalidArgument(
@@ -456,18 +464,24 @@ class SqlRepository:
     def _keep_delta_base(self, key: _FullKey, full: record_delta.FullParts) -> None:
         old = self._delta_bases.pop(key, None)
         if old is not None:
-            self._delta_bytes -= old.size
+            self._delta_bytes -= old.size + _ENTRY_OVERHEAD
         self._delta_bases[key] = full
-        self._delta_bytes += full.size
+        self._delta_bytes += full.size + _ENTRY_OVERHEAD
         while self._delta_bytes > self._delta_base_bytes and self._delta_bases:
             _, dropped = self._delta_bases.popitem(last=False)
-            self._delta_bytes -= dropped.size
+            self._delta_bytes -= dropped.size + _ENTRY_OVERHEAD
+
+    def _drop_delta_base(self, key: _FullKey) -> None:
+        old = self._delta_bases.pop(key, None)
+        if old is not None:
+            self._delta_bytes -= old.size + _ENTRY_OVERHEAD
 
     def _expand(
         self,
         rec: common_pb2.CallRecord,
         data: bytes,
         pending_full: dict[_FullKey, record_delta.FullParts],
+        used_bases: set[_FullKey],
     ) -> bytes:
         """The full record of one coded against an earlier call of its rollout (``RecordDelta``)."""
         d = rec.delta
@@ -479,8 +493,6 @@ class SqlRepository:
         base = pending_full.get(key)
         if base is None:
             base = self._delta_bases.get(key)
-            if base is not None:
-                self._delta_bases.move_to_end(key)
         if base is None:  # evicted, or the store restarted: read the rollout back (rare)
             self.delta_base_misses += 1
             for view in self._load_calls(rec.rollout_id):
@@ -494,6 +506,7 @@ class SqlRepository:
                 f"call {key[1]} attempt {key[2]}, which is not stored yet",
                 reason="BASE_NOT_STORED",
             )
+        used_bases.add(key)
         try:
             return record_delta.expand_record(data, base)
         except ValueError as exc:
