@@ -357,6 +357,9 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
         self.fail_after_tokens: int | None = None
         #: When set, the next generation streams one logprob fewer than token ids (a broken engine).
         self.short_logprobs = False
+        #: When set, the next generation streams every logprob with its last message, none with
+        #: the others (the totals match, the positions do not: a broken engine).
+        self.misplaced_logprobs = False
         eos = self._tok.token_to_id("<|im_end|>")
         assert eos is not None, "the fake tokenizer has no <|im_end|>"
         self.eos_id = int(eos)
@@ -432,6 +435,7 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
             ids = ids[:max_tokens]
             finish = common_pb2.FINISH_REASON_LENGTH
         step = max(1, self.tokens_per_message)
+        held: list[float] = []
         for start in range(0, len(ids), step):
             if self.fail_after_tokens is not None and start >= self.fail_after_tokens:
                 self.fail_after_tokens = None
@@ -441,6 +445,11 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
             if self.short_logprobs and lps:
                 self.short_logprobs = False
                 lps.pop()
+            if self.misplaced_logprobs:
+                held = [*held, *lps] if start else lps
+                lps = held if start + step >= len(ids) else []
+                if start + step >= len(ids):
+                    self.misplaced_logprobs = False
             seen.sampled_ids.extend(chunk)
             seen.logprobs.extend(lps)
             msg = inference_pb2.GenerateResponse(

@@ -308,5 +308,9 @@ async def test_engine_output_the_store_would_refuse_fails_the_call_unrecorded(
     events = (await proxy.post(MESSAGES, anthropic_body(stream=True), key=key)).events()
     assert events[-1][0] == "error" and all(e != "message_stop" for e, _ in events)
     assert proxy.recorder.records == []
+    fake.misplaced_logprobs = True  # as many logprobs as ids in all, but not each with its token
+    reply = await proxy.post(CHAT, chat_body(stream=False), key=key, bearer=True)
+    assert_openai_error(reply, 503, "server_error")
+    assert proxy.recorder.records == []
     assert (await proxy.post(CHAT, chat_body(stream=False), key=key, bearer=True)).status == 200  # then it serves
     assert len(proxy.recorder.records) == 1

@@ -645,11 +645,17 @@ class _Generation:
         self._stopped = False
 
     def feed(self, delta: Delta, encoder: _Encoder | None) -> bytes:
+        k = len(delta.token_ids)
         self.ids.extend(delta.token_ids)
         self.logprobs.extend(delta.logprobs)
         self.versions.extend(delta.policy_versions)
         n = len(self.ids)
-        if len(self.logprobs) not in (0, n) or len(self.versions) not in (0, n):
+        if (
+            len(delta.logprobs) not in (0, k)
+            or len(delta.policy_versions) not in (0, k)
+            or len(self.logprobs) not in (0, n)
+            or len(self.versions) not in (0, n)
+        ):
             # a record the store would refuse (and later records coded against it with it)
             raise EngineUnavailable(
                 f"the engine sent {n} token ids with {len(self.logprobs)} logprobs and "
