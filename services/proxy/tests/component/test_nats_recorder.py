@@ -7,43 +7,26 @@ import json
 
 import nats
 import pytest
+from record_builders import make_record
 
 from openforge.proxy.v1 import events_pb2
 from openforge_core.events import EventBus
 from openforge_core.record_delta import expand_records
 from openforge_core.settings import NatsSettings
 from openforge_proxy.adapters.publisher import SUBJECT, NatsRecorder, event_bytes, record_proto
-from openforge_proxy.domain.conversation import WireApi
-from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import CallRecordData, RecordTooLarge
-from openforge_proxy.domain.splice import SpliceReport
-from openforge_proxy.domain.tokens import PackedIds, ids_array, pack_ids
 from openforge_testing.servers import NatsServer
 
 
 def _record(call_id: str, turns: int, *, filler: int = 400) -> CallRecordData:
     messages = [{"role": "user", "content": f"turn {i} " + "x" * filler} for i in range(turns)]
-    ids = [i % 50_000 for i in range(turns * 100)]
-    return CallRecordData(
+    return make_record(
+        call_id,
         rollout_id="ro-1",
         run_id="run-1",
-        call_id=call_id,
-        attempt=1,
-        wire_api=WireApi.ANTHROPIC_MESSAGES,
-        model="m",
+        prompt=[i % 50_000 for i in range(turns * 100)],
         request_json=json.dumps({"messages": messages, "system": "s" * 4000}).encode(),
-        request_headers={},
         canonical_json=json.dumps({"messages": messages}).encode(),
-        prompt=PackedIds(ids_array(ids), pack_ids(ids)),
-        completion_ids=[1, 2],
-        logprobs=[-0.1, -0.2],
-        policy_versions=[1, 1],
-        sampling={"max_tokens": 8},
-        finish=Finish.STOP,
-        receive_time=1.0,
-        ttfb_s=0.001,
-        total_s=0.002,
-        splice=SpliceReport(),
     )
 
 

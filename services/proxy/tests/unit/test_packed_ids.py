@@ -6,6 +6,8 @@ import dataclasses
 import json
 import random
 
+from record_builders import make_record
+
 from openforge.common.v1 import common_pb2
 from openforge.inference.v1 import inference_pb2
 from openforge.proxy.v1 import events_pb2
@@ -14,8 +16,6 @@ from openforge_proxy.adapters.inference import generate_request_bytes
 from openforge_proxy.adapters.publisher import event_bytes, record_proto
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.engine import Sampling
-from openforge_proxy.domain.output import Finish
-from openforge_proxy.domain.record import CallRecordData
 from openforge_proxy.domain.scrub import scrub_json_bytes
 from openforge_proxy.domain.splice import BreakCause, Span, SpliceReport
 from openforge_proxy.domain.tokens import PackedIds, ids_array, pack_ids
@@ -44,26 +44,12 @@ def test_generate_request_bytes_parse_as_the_protobuf_request() -> None:
 
 
 def test_event_bytes_parse_as_the_protobuf_event() -> None:
-    data = CallRecordData(
-        rollout_id="ro",
-        run_id="run",
-        call_id="call0001-abc",
+    data = make_record(
+        prompt=IDS,
         attempt=2,
         wire_api=WireApi.OPENAI_CHAT,
-        model="m",
-        request_json=b'{"a":1}',
         request_headers={"h": "v"},
-        canonical_json=b'{"messages":[]}',
-        prompt=_packed(IDS),
-        completion_ids=[5, 6],
         logprobs=[-0.5, -0.25],
-        policy_versions=[3, 3],
-        sampling={"max_tokens": 9},
-        finish=Finish.STOP,
-        receive_time=1.5,
-        ttfb_s=0.01,
-        total_s=0.02,
-        splice=SpliceReport(),
         response_body=b'data: {"x":1}\n\n',
     )
     got = events_pb2.CallRecorded.FromString(event_bytes(data))
@@ -106,26 +92,11 @@ def test_event_bytes_against_a_base_rebuild_the_full_event() -> None:
     """A record with a base is sent as its new part (RecordDelta); rebuilt, it is the full event."""
     turns = [{"role": "user", "content": f"turn {i} " + "x" * 400} for i in range(40)]
     prompt0 = IDS * 4
-    first = CallRecordData(
-        rollout_id="ro",
-        run_id="run",
-        call_id="call0001-abc",
-        attempt=1,
-        wire_api=WireApi.ANTHROPIC_MESSAGES,
-        model="m",
+    first = make_record(
+        prompt=prompt0,
+        completion=[5, 6, 7],
         request_json=json.dumps({"messages": turns[:39], "system": "s" * 3000}).encode(),
-        request_headers={},
         canonical_json=json.dumps({"messages": turns[:39]}).encode(),
-        prompt=_packed(prompt0),
-        completion_ids=[5, 6, 7],
-        logprobs=[-0.5, -0.25, -0.1],
-        policy_versions=[3, 3, 3],
-        sampling={"max_tokens": 9},
-        finish=Finish.STOP,
-        receive_time=1.5,
-        ttfb_s=0.01,
-        total_s=0.02,
-        splice=SpliceReport(),
     )
     second = dataclasses.replace(
         first,

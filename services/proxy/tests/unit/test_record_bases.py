@@ -5,35 +5,21 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
-from openforge_proxy.domain.conversation import WireApi
+from record_builders import make_record
+
 from openforge_proxy.domain.handler import SessionCalls
-from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import CallRecordData
 from openforge_proxy.domain.splice import Splicer, SpliceReport
-from openforge_proxy.domain.tokens import PackedIds, ids_array, pack_ids
+from openforge_proxy.domain.tokens import pack_ids
 
 
 def _record(call_id: str, extends: str = "", attempt: int = 1) -> CallRecordData:
-    prompt = [1, 2, 300]
-    return CallRecordData(
-        rollout_id="ro",
-        run_id="run",
-        call_id=call_id,
+    return make_record(
+        call_id,
         attempt=attempt,
-        wire_api=WireApi.ANTHROPIC_MESSAGES,
-        model="m",
         request_json=call_id.encode(),
-        request_headers={},
         canonical_json=b"{}",
-        prompt=PackedIds(ids_array(prompt), pack_ids(prompt)),
-        completion_ids=[7, 70000],
-        logprobs=[-0.1, -0.2],
-        policy_versions=[1, 1],
-        sampling={},
-        finish=Finish.STOP,
-        receive_time=0.0,
-        ttfb_s=0.0,
-        total_s=0.0,
+        completion=[7, 70000],
         splice=SpliceReport(extends_call_id=extends),
     )
 

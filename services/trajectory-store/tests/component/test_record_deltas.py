@@ -39,16 +39,17 @@ def _full_calls(rollout_id: str) -> list[common_pb2.CallRecord]:
 def _events(calls: list[common_pb2.CallRecord]) -> list[tuple[str, proxy.CallRecorded, bytes]]:
     """CallRecorded events as the proxy publishes them: each call after the first coded against the
     previous one (with the event's wire bytes, as the consumer passes them)."""
-    out = []
-    for i, c in enumerate(calls):
-        data = c.SerializeToString()
-        if i:
-            prev = calls[i - 1]
-            data = cut_record(data, FullParts.of(prev.SerializeToString()).as_base(prev.call_id, prev.attempt))
-        eid = f"{c.rollout_id}/{c.call_id}/{c.attempt}"
-        event = proxy.CallRecorded(event_id=eid, record=common_pb2.CallRecord.FromString(data))
-        out.append((eid, event, event.SerializeToString()))
-    return out
+    return [_event(c, calls[i - 1] if i else None) for i, c in enumerate(calls)]
+
+
+def _event(c: common_pb2.CallRecord, prev: common_pb2.CallRecord | None) -> tuple[str, proxy.CallRecorded, bytes]:
+    """The event of ``c``, coded against ``prev`` when given, with its wire bytes."""
+    data = c.SerializeToString()
+    if prev is not None:
+        data = cut_record(data, FullParts.of(prev.SerializeToString()).as_base(prev.call_id, prev.attempt))
+    eid = f"{c.rollout_id}/{c.call_id}/{c.attempt}"
+    event = proxy.CallRecorded(event_id=eid, record=common_pb2.CallRecord.FromString(data))
+    return eid, event, event.SerializeToString()
 
 
 def _finish(rollout_id: str) -> tuple[str, orch.RolloutFinished]:
@@ -128,13 +129,7 @@ def _threads(rollout_id: str) -> list[tuple[str, proxy.CallRecorded, bytes]]:
             c = calls[turn]
             c.call_id = f"t{t}-{c.call_id}"
             c.receive_time.FromNanoseconds(1_000_000_000 + turn * 1000 + t)
-            data = c.SerializeToString()
-            if turn:
-                prev = calls[turn - 1]
-                data = cut_record(data, FullParts.of(prev.SerializeToString()).as_base(prev.call_id, prev.attempt))
-            eid = f"{rollout_id}/{c.call_id}/1"
-            event = proxy.CallRecorded(event_id=eid, record=common_pb2.CallRecord.FromString(data))
-            out.append((eid, event, event.SerializeToString()))
+            out.append(_event(c, calls[turn - 1] if turn else None))
     return out
 
 
