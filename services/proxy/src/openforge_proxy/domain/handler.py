@@ -440,11 +440,11 @@ class CallHandler:
         pre: _PreRecord | None = None
         first_delta = asyncio.ensure_future(_first(stream))
         if not p.request.stream:
-            for _ in range(_SEND_YIELDS):  # let the Generate request leave first
-                await asyncio.sleep(0)
             try:
+                for _ in range(_SEND_YIELDS):  # let the Generate request leave first
+                    await asyncio.sleep(0)
                 pre = _PreRecord.of(p, body)
-            except BaseException:
+            except BaseException:  # cancelled meanwhile (client gone), or a bug: end the generation
                 first_delta.cancel()
                 raise
         try:
