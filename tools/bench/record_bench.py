@@ -33,7 +33,7 @@ import orjson
 
 from openforge.proxy.v1 import events_pb2
 from openforge_core.events import EventBus
-from openforge_core.record_delta import expand_records
+from openforge_core.record_delta import RecordCut, expand_records
 from openforge_core.settings import NatsSettings
 from openforge_proxy.adapters.publisher import NatsRecorder, event_bytes, record_proto
 from openforge_proxy.domain.conversation import WireApi
@@ -77,7 +77,9 @@ def make_record(call_id: str, turns: int) -> CallRecordData:
 async def run(turns: int, count: int) -> None:
     base = make_record("c0", turns)
     full = make_record("c1", turns + 2)  # the next call: an answer and a tool result more
-    coded = dataclasses.replace(full, base=base.as_base())
+    b = base.as_base()
+    cut = RecordCut.of(b, full.prompt.packed, full.request_json, full.canonical_json, prompt_ids=len(full.prompt))
+    coded = dataclasses.replace(full, cut=cut)
     full_bytes, coded_bytes = event_bytes(full), event_bytes(coded)
     rebuilt = expand_records([events_pb2.CallRecorded.FromString(b).record for b in (event_bytes(base), coded_bytes)])[
         1

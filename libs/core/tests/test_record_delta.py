@@ -12,7 +12,6 @@ from openforge_core.record_delta import (
     MIN_SAVED_BYTES,
     BytesCut,
     FullParts,
-    RecordBase,
     RecordCut,
     base_key,
     cut_record,
@@ -131,7 +130,7 @@ def test_expand_records_follows_the_stream_and_names_a_missing_base() -> None:
 
 
 def test_a_small_saving_is_sent_in_full_and_a_base_must_be_full() -> None:
-    base = RecordBase("c1", 1, b'{"a":1}', b"{}", _packed([1, 2, 3]))
+    base = FullParts(b'{"a":1}', b"{}", _packed([1, 2, 3])).as_base("c1", 1)
     assert RecordCut.of(base, _packed([1, 2, 3, 4]), b'{"a":1,"b":2}', b"{}") is None
     small = _record("c2", [1, 2, 3, 4], [5], b'{"a":1,"b":2}', b"{}")
     assert cut_record(small, base) is small

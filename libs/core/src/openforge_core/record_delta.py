@@ -22,9 +22,12 @@ from dataclasses import dataclass
 from openforge.common.v1 import common_pb2
 from openforge_core import protowire as pw
 
-# CallRecord field numbers (openforge.common.v1.CallRecord).
-CALL_ID, ATTEMPT, PROMPT, COMPLETION, REQUEST_JSON, CANONICAL_JSON, DELTA = 2, 3, 8, 9, 19, 22, 25
+_R = common_pb2.CallRecord
+PROMPT, COMPLETION = _R.PROMPT_TOKEN_IDS_FIELD_NUMBER, _R.COMPLETION_TOKEN_IDS_FIELD_NUMBER
+REQUEST_JSON, CANONICAL_JSON = _R.REQUEST_JSON_FIELD_NUMBER, _R.CANONICAL_JSON_FIELD_NUMBER
+DELTA = _R.DELTA_FIELD_NUMBER
 _LARGE = frozenset((PROMPT, REQUEST_JSON, CANONICAL_JSON, DELTA))
+_FULL = frozenset((PROMPT, COMPLETION, REQUEST_JSON, CANONICAL_JSON, DELTA))
 
 #: A delta is sent only when it leaves out at least this many bytes.
 MIN_SAVED_BYTES = 4096
@@ -72,22 +75,59 @@ class BytesCut:
 
 
 @dataclass(frozen=True)
-class RecordBase:
-    """What a later record of the same rollout may be coded against.
+class FullParts:
+    """The large fields of a full record, as a base for :func:`expand_record` and :class:`RecordCut`.
+
+    Attributes:
+        request_json: The request body.
+        canonical_json: The canonical conversation.
+        sequence: Packed varints of the prompt ids followed by the sampled ids.
+    """
+
+    request_json: bytes
+    canonical_json: bytes
+    sequence: bytes
+
+    @property
+    def size(self) -> int:
+        """Bytes held."""
+        return len(self.request_json) + len(self.canonical_json) + len(self.sequence)
+
+    @staticmethod
+    def of(record: bytes, sequence: bytes | None = None) -> FullParts:
+        """The parts of a full serialized ``CallRecord``.
+
+        Args:
+            record: The record.
+            sequence: Its packed prompt + sampled ids, when the caller already joined them.
+
+        Raises:
+            ValueError: Malformed record, or one that is itself a delta.
+        """
+        parts, _ = pw.split_fields(record, _FULL)
+        if DELTA in parts:
+            raise ValueError("a base must be a full record, not a delta")
+        if sequence is None:
+            sequence = parts.get(PROMPT, b"") + parts.get(COMPLETION, b"")
+        return FullParts(parts.get(REQUEST_JSON, b""), parts.get(CANONICAL_JSON, b""), sequence)
+
+    def as_base(self, call_id: str, attempt: int) -> RecordBase:
+        """These parts as the base of a later record."""
+        return RecordBase(self.request_json, self.canonical_json, self.sequence, call_id, attempt)
+
+
+@dataclass(frozen=True)
+class RecordBase(FullParts):
+    """What a later record of the same rollout may be coded against: a full record's parts and
+    its key.
 
     Attributes:
         call_id: The base record's call.
         attempt: Its attempt.
-        request_json: Its full request body.
-        canonical_json: Its full canonical conversation.
-        sequence: Packed varints of its prompt ids followed by its sampled ids.
     """
 
     call_id: str
     attempt: int
-    request_json: bytes
-    canonical_json: bytes
-    sequence: bytes
 
 
 @dataclass(frozen=True)
@@ -175,49 +215,6 @@ def base_key(record: bytes) -> tuple[str, int] | None:
             delta = common_pb2.RecordDelta.FromString(record[a:b])
             return delta.base_call_id, delta.base_attempt
     return None
-
-
-@dataclass(frozen=True)
-class FullParts:
-    """The large fields of a full record, as a base for :func:`expand_record`.
-
-    Attributes:
-        request_json: The request body.
-        canonical_json: The canonical conversation.
-        sequence: Packed varints of the prompt ids followed by the sampled ids.
-    """
-
-    request_json: bytes
-    canonical_json: bytes
-    sequence: bytes
-
-    @property
-    def size(self) -> int:
-        """Bytes held."""
-        return len(self.request_json) + len(self.canonical_json) + len(self.sequence)
-
-    @staticmethod
-    def of(record: bytes) -> FullParts:
-        """The parts of a full serialized ``CallRecord``.
-
-        Raises:
-            ValueError: Malformed record, or one that is itself a delta.
-        """
-        parts: dict[int, list[bytes]] = {}
-        for num, wt, a, b in pw.fields(record):
-            if wt == pw.LEN and num in (PROMPT, COMPLETION, REQUEST_JSON, CANONICAL_JSON, DELTA):
-                parts.setdefault(num, []).append(record[a:b])
-        if DELTA in parts:
-            raise ValueError("a base must be a full record, not a delta")
-
-        def get(num: int) -> bytes:
-            return b"".join(parts.get(num, ()))
-
-        return FullParts(get(REQUEST_JSON), get(CANONICAL_JSON), get(PROMPT) + get(COMPLETION))
-
-    def as_base(self, call_id: str, attempt: int) -> RecordBase:
-        """These parts as the base of a later record."""
-        return RecordBase(call_id, attempt, self.request_json, self.canonical_json, self.sequence)
 
 
 def expand_record(record: bytes, base: FullParts) -> bytes:

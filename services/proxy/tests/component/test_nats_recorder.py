@@ -7,7 +7,7 @@ import json
 
 import nats
 import pytest
-from record_builders import make_record
+from record_builders import coded_against, make_record
 
 from openforge.proxy.v1 import events_pb2
 from openforge_core.events import EventBus
@@ -38,7 +38,7 @@ async def test_deltas_cross_the_bus_and_a_record_over_its_limit_is_refused(nats_
         recorder = NatsRecorder(bus)
         first = _record("c1", 20)
         await recorder.record(first)
-        second = dataclasses.replace(_record("c2", 21), base=first.as_base())
+        second = coded_against(_record("c2", 21), first.as_base())
         await recorder.record(second)
         # a first record too large for the server: refused before publishing, nothing sent
         huge = _record("c3", 3, filler=200_000)
@@ -46,7 +46,7 @@ async def test_deltas_cross_the_bus_and_a_record_over_its_limit_is_refused(nats_
             await recorder.record(huge)
         assert err.value.limit == bus.max_payload and err.value.size > bus.max_payload
         # the same conversation as a delta on a base that holds most of it fits
-        grown = dataclasses.replace(_record("c4", 4, filler=200_000), base=huge.as_base())
+        grown = coded_against(_record("c4", 4, filler=200_000), huge.as_base())
         await recorder.record(grown)
     finally:
         await bus.close()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from openforge_core.record_delta import RecordBase, RecordCut
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import CallRecordData
@@ -47,3 +49,10 @@ def make_record(
     }
     values.update(fields)
     return CallRecordData(**values)
+
+
+def coded_against(data: CallRecordData, base: RecordBase) -> CallRecordData:
+    """``data`` with its cut against ``base``, as the handler computes it (asserted to exist)."""
+    cut = RecordCut.of(base, data.prompt.packed, data.request_json, data.canonical_json, prompt_ids=len(data.prompt))
+    assert cut is not None, "the record saves too little against this base to be coded"
+    return dataclasses.replace(data, cut=cut)

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import random
 
-from record_builders import make_record
+from record_builders import coded_against, make_record
 
 from openforge.common.v1 import common_pb2
 from openforge.inference.v1 import inference_pb2
@@ -105,8 +105,8 @@ def test_event_bytes_against_a_base_rebuild_the_full_event() -> None:
         canonical_json=json.dumps({"messages": turns}).encode(),
         prompt=_packed([*prompt0, 5, 6, 9000, 9001]),  # re-tokenized at the seam: 7 became 9000
         splice=SpliceReport(reused=[Span(0, len(prompt0), "call0001-abc")], extends_call_id="call0001-abc"),
-        base=first.as_base(),
     )
+    second = coded_against(second, first.as_base())
     sent = event_bytes(second)
     full = events_pb2.CallRecorded(event_id=second.event_id, record=record_proto(second))
     assert len(sent) < full.ByteSize() // 10

@@ -23,7 +23,6 @@ from google.protobuf import struct_pb2
 from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import events_pb2
 from openforge_core.events import EventBus, MessageTooLarge, subject_for
-from openforge_core.record_delta import RecordCut
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import CallRecordData, RecordTooLarge
@@ -182,10 +181,9 @@ def event_bytes(data: CallRecordData, *, structs: bool = False) -> bytes:
     message, out of it and again into the event. The splice report (a span per reused turn)
     is appended as :func:`splice_bytes`.
 
-    With ``data.base`` set, the prompt, request and canonical JSON are coded against that
-    earlier record (``RecordDelta``, :class:`openforge_core.record_delta.RecordCut`) when that
-    leaves out at least :data:`openforge_core.record_delta.MIN_SAVED_BYTES`: a growing
-    conversation's record carries its new part, not the whole conversation again.
+    With ``data.cut`` set, the prompt, request and canonical JSON are sent as that cut against
+    an earlier record (``RecordDelta``, :class:`openforge_core.record_delta.RecordCut`): a
+    growing conversation's record carries its new part, not the whole conversation again.
     """
     small = record_proto(data, structs=structs, prompt=False, large=False, splice=False).SerializeToString()
     splice = splice_bytes(data.splice)
@@ -194,8 +192,6 @@ def event_bytes(data: CallRecordData, *, structs: bool = False) -> bytes:
     size = len(small) + len(splice_head) + len(splice)
     prompt, request_json, canonical_json = data.prompt.packed, data.request_json, data.canonical_json
     cut = data.cut
-    if cut is None and data.base is not None:
-        cut = RecordCut.of(data.base, prompt, request_json, canonical_json, prompt_ids=len(data.prompt))
     if cut is not None:
         prompt, request_json, canonical_json = cut.prompt_tail, cut.request_json.middle, cut.canonical_json.middle
         delta = cut.delta_bytes()

@@ -534,7 +534,6 @@ class CallHandler:
             response_body=b"".join(sent),
             stream=p.request.stream,
             extra={"turn_id": turn.turn_id},
-            base=pre.base,
             cut=pre.cut,
         )
         try:
@@ -741,7 +740,6 @@ class _PreRecord:
 
     request_json: bytes
     canonical_json: bytes
-    base: RecordBase | None
     cut: RecordCut | None
 
     @staticmethod
@@ -753,7 +751,7 @@ class _PreRecord:
         if base is not None:
             prompt = p.plan.prompt
             cut = RecordCut.of(base, prompt.packed, request_json, canonical_json, prompt_ids=len(prompt))
-        return _PreRecord(request_json, canonical_json, base, cut)
+        return _PreRecord(request_json, canonical_json, cut)
 
 
 async def _first(stream: AsyncIterator[Delta]) -> Delta:

@@ -43,11 +43,9 @@ class CallRecordData:
         http_status: Status the harness received.
         response_body: The bytes sent (SSE events or the JSON body).
         stream: Whether the response was streamed.
-        base: An earlier record of the session, acknowledged, that the publisher may code
-            this one against (``RecordDelta``), or None.
-        cut: This record's prompt, request and canonical JSON cut against ``base``, when
-            already computed (the handler computes it while the engine generates); else the
-            publisher computes it.
+        cut: This record's prompt, request and canonical JSON cut against an earlier,
+            acknowledged record of the session (its ``base``; ``RecordDelta``), or None: sent
+            in full. The handler computes it while the engine generates.
     """
 
     rollout_id: str
@@ -73,7 +71,6 @@ class CallRecordData:
     response_body: bytes = b""
     stream: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
-    base: RecordBase | None = None
     cut: RecordCut | None = None
 
     @property
@@ -90,7 +87,7 @@ class CallRecordData:
         """
         if sequence is None:
             sequence = self.prompt.packed + pack_ids(self.completion_ids)
-        return RecordBase(self.call_id, self.attempt, self.request_json, self.canonical_json, sequence)
+        return RecordBase(self.request_json, self.canonical_json, sequence, self.call_id, self.attempt)
 
     @property
     def event_id(self) -> str:

@@ -238,11 +238,11 @@ class SqlRepository:
         failed (its events are redelivered), the next one runs on a new connection."""
         conn = self._conn
         assert conn is not None, "open() first"
-        if conn.broken():
-            log.warning("store.reconnecting", backend="postgresql" if self.postgres else "sqlite")
+        if self.postgres and conn.broken():  # a SQLite file is not lost this way
+            log.warning("store.reconnecting")
             with contextlib.suppress(Exception):
                 conn.close()
-            self._conn = conn = self._connect_postgres() if self.postgres else conn
+            self._conn = conn = self._connect_postgres()
         return conn
 
     def _x(self, sql: str, params: Sequence[Any] = ()) -> Any:
@@ -459,7 +459,7 @@ class SqlRepository:
         )
         if cur.rowcount:
             pending[rec.rollout_id] = (stored.key, stored.sequence)
-            pending_full[(rec.rollout_id, *stored.key)] = record_delta.FullParts.of(data)
+            pending_full[(rec.rollout_id, *stored.key)] = record_delta.FullParts.of(data, stored.sequence)
 
     def _keep_delta_base(self, key: _FullKey, full: record_delta.FullParts) -> None:
         old = self._delta_bases.pop(key, None)
