@@ -67,6 +67,72 @@ def test_bytes_cut_rebuilds_the_full_string_without_overlap() -> None:
         BytesCut(2, 2, b"x").apply(b"abc")
 
 
+def test_common_run_matches_a_direct_scan() -> None:
+    rng = random.Random(13)
+    for _ in range(500):
+        a = bytes(rng.randrange(3) for _ in range(rng.randrange(40)))
+        b = bytes(rng.randrange(3) for _ in range(rng.randrange(40)))
+        a0, b0, limit = rng.randrange(len(a) + 1), rng.randrange(len(b) + 1), rng.randrange(45)
+        n = 0
+        while n < limit and a0 + n < len(a) and b0 + n < len(b) and a[a0 + n] == b[b0 + n]:
+            n += 1
+        assert pw.common_run(a, a0, b, b0, limit) == n
+
+
+def _text(rng: random.Random, n: int) -> bytes:
+    # words from a small vocabulary: repeats, as JSON bodies have, so that anchors can mislead
+    words = [b"role", b"user", b"content", b"tool_result", b'"type":"text"', b"x" * 7, b"{", b"},"]
+    out = bytearray()
+    while len(out) < n:
+        out += rng.choice(words) + bytes([rng.randrange(97, 123)])
+    return bytes(out[:n])
+
+
+def test_bytes_cut_copies_the_base_between_two_changed_places() -> None:
+    # the bench's and a real harness's shape: new messages in the middle of the body, a flag
+    # at its end changed ("stream": true -> false), 150 KB of system prompt and tools between
+    rng = random.Random(5)
+    head, between = _text(rng, 20_000), _text(rng, 150_000)
+    base = b'{"messages":[' + head + b'],"system":"' + between + b'","stream":true}'
+    full = b'{"messages":[' + head + b',{"new":1}],"system":"' + between + b'","stream":false}'
+    cut = BytesCut.between(base, full)
+    assert cut.apply(base) == full and cut.size == len(full)
+    assert len(cut.middle) < 100  # the 150 KB between the two changes is a copy
+    assert len(cut.copies) == 1 and cut.saved == len(full) - len(cut.middle)
+    # the proto carries the runs; rebuilt from it, the same bytes
+    assert BytesCut.of_proto(cut.proto(), cut.middle).apply(base) == full
+
+
+def test_bytes_cut_with_runs_rebuilds_random_edits() -> None:
+    rng = random.Random(17)
+    copied = 0
+    for _ in range(300):
+        base = _text(rng, rng.randrange(0, 6000))
+        full = bytearray(base)
+        for _ in range(rng.randrange(6)):  # edits anywhere: insert, delete or replace
+            i = rng.randrange(len(full) + 1)
+            full[i : i + rng.randrange(0, 700)] = _text(rng, rng.randrange(0, 300))
+        cut = BytesCut.between(base, bytes(full))
+        assert cut.apply(base) == bytes(full)
+        assert cut.size == len(full) == cut.saved + len(cut.middle)
+        assert len(cut.copies) <= 8 and all(n >= 256 for _, _, n in cut.copies)
+        ats = [a for a, _, _ in cut.copies]
+        assert ats == sorted(ats)
+        copied += len(cut.copies)
+    assert copied > 50  # the runs are found, not only the prefix and suffix (97 with this seed)
+
+
+def test_bytes_cut_refuses_runs_that_do_not_fit() -> None:
+    base = b"0123456789"
+    with pytest.raises(ValueError, match="a run of 4 bytes at 8"):
+        BytesCut(0, 0, b"ab", ((1, 8, 4),)).apply(base)
+    with pytest.raises(ValueError, match="a run at 3 of 2 carried bytes"):
+        BytesCut(0, 0, b"ab", ((3, 0, 2),)).apply(base)
+    with pytest.raises(ValueError, match="a run at 0 of 2 carried bytes, after 1"):
+        BytesCut(0, 0, b"ab", ((1, 0, 2), (0, 0, 2))).apply(base)
+    assert BytesCut(1, 1, b"ab", ((1, 2, 3),)).apply(base) == b"0a234b9"
+
+
 def _record(call_id: str, prompt: list[int], completion: list[int], request: bytes, canonical: bytes) -> bytes:
     return common_pb2.CallRecord(
         rollout_id="ro",

@@ -177,6 +177,25 @@ def common_prefix(a: bytes, b: bytes) -> int:
     return lo
 
 
+def common_run(a: bytes, a0: int, b: bytes, b0: int, limit: int) -> int:
+    """Length of the longest common prefix of ``a[a0:]`` and ``b[b0:]``, at most ``limit``
+    (as :func:`common_prefix`: a binary search of ``memcmp`` probes, nothing copied)."""
+    n = min(len(a) - a0, len(b) - b0, limit)
+    if n <= 0:
+        return 0
+    mb = memoryview(b)
+    if a.startswith(mb[b0 : b0 + n], a0):
+        return n
+    lo, hi = 0, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a.startswith(mb[b0 + lo : b0 + mid], a0 + lo):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def common_suffix(a: bytes, b: bytes, limit: int) -> int:
     """Length of the longest common byte suffix, at most ``limit`` (as :func:`common_prefix`)."""
     la, lb = len(a), len(b)

@@ -7,8 +7,9 @@ with the conversation until it passes the server's message limit (1 MB by
 default). The proxy therefore sends, for each large field, only what differs
 from its previous record of the session (the base): the prompt after the ids it
 shares with the base's prompt + completion, and the request and canonical JSON
-between the prefix and the suffix they share with the base's. The trajectory
-store rebuilds the full record (:func:`expand_record`) before keeping it.
+between the prefix and the suffix they share with the base's, with long runs of
+the base between them left out too (:class:`BytesCut`). The trajectory store
+rebuilds the full record (:func:`expand_record`) before keeping it.
 
 Everything works on serialized bytes (:mod:`.protowire`): token ids are never
 unpacked into Python ints.
@@ -33,45 +34,127 @@ _FULL = frozenset((PROMPT, COMPLETION, REQUEST_JSON, CANONICAL_JSON, DELTA))
 MIN_SAVED_BYTES = 4096
 
 
+#: Runs of the base shorter than this are not copied into a delta's middle (bytes).
+MIN_COPY = 256
+#: Most runs copied into one middle.
+MAX_COPIES = 8
+#: Bytes of the base looked up in the full string to find the next run.
+_ANCHOR = 64
+#: Where, after the end of the last run (or the prefix), the next run is looked for in the
+#: base: right there, else after bytes the full string dropped or changed.
+_SKIPS = (0, 64, 512, 4096)
+
+
 @dataclass(frozen=True)
 class BytesCut:
-    """A byte string as the middle between a base's first ``prefix`` and last ``suffix`` bytes."""
+    """A byte string coded against a base: the base's first ``prefix`` and last ``suffix`` bytes
+    around a middle, which is the carried bytes with runs of the base inserted.
+
+    Attributes:
+        prefix: Leading bytes of the base.
+        suffix: Trailing bytes of the base.
+        middle: The carried bytes (the runs excluded).
+        copies: ``(at, offset, length)`` per run, in order: ``base[offset:offset + length]``
+            goes after the first ``at`` carried bytes.
+    """
 
     prefix: int
     suffix: int
     middle: bytes
+    copies: tuple[tuple[int, int, int], ...] = ()
 
     @staticmethod
     def between(base: bytes, full: bytes) -> BytesCut:
-        """The cut of ``full`` against ``base`` (longest common prefix, then the longest suffix that
-        does not overlap it)."""
+        """The cut of ``full`` against ``base``: the longest common prefix, then the longest
+        suffix that does not overlap it, then runs of at least :data:`MIN_COPY` bytes of the
+        base's middle found in order in the full string's middle (greedy, at most
+        :data:`MAX_COPIES`; each found by a 64-byte anchor and extended by ``memcmp``).
+
+        Every run is checked equal when it is found, so the cut always rebuilds ``full``;
+        the search only decides how much is left out.
+        """
         prefix = pw.common_prefix(base, full)
         suffix = pw.common_suffix(base, full, min(len(base), len(full)) - prefix)
-        return BytesCut(prefix, suffix, full[prefix : len(full) - suffix])
+        b, b_end = prefix, len(base) - suffix
+        n, n_end = prefix, len(full) - suffix
+        parts: list[bytes] = []
+        copies: list[tuple[int, int, int]] = []
+        at = 0
+        while len(copies) < MAX_COPIES and n_end - n >= MIN_COPY:
+            run = _next_run(base, b, b_end, full, n, n_end)
+            if run is None:
+                break
+            s, k, length = run
+            parts.append(full[n:k])
+            at += k - n
+            copies.append((at, s, length))
+            n, b = k + length, s + length
+        if not copies:
+            return BytesCut(prefix, suffix, full[prefix:n_end])
+        parts.append(full[n:n_end])
+        return BytesCut(prefix, suffix, b"".join(parts), tuple(copies))
 
     @property
     def size(self) -> int:
         """Bytes of the full string."""
-        return self.prefix + len(self.middle) + self.suffix
+        return self.saved + len(self.middle)
 
     def apply(self, base: bytes) -> bytes:
         """The full byte string.
 
         Raises:
-            ValueError: The base is shorter than the prefix and suffix together.
+            ValueError: The base is shorter than the prefix and suffix together, or a run lies
+                outside the base or outside the carried bytes, or runs are out of order.
         """
         if self.prefix + self.suffix > len(base):
             raise ValueError(f"base of {len(base)} bytes, delta takes {self.prefix} + {self.suffix}")
-        return base[: self.prefix] + self.middle + base[len(base) - self.suffix :]
+        out = [base[: self.prefix]]
+        pos = 0
+        for at, offset, length in self.copies:
+            if not pos <= at <= len(self.middle):
+                raise ValueError(f"a run at {at} of {len(self.middle)} carried bytes, after {pos}")
+            if offset + length > len(base):
+                raise ValueError(f"a run of {length} bytes at {offset} of a base of {len(base)}")
+            out.append(self.middle[pos:at])
+            out.append(base[offset : offset + length])
+            pos = at
+        out.append(self.middle[pos:])
+        out.append(base[len(base) - self.suffix :])
+        return b"".join(out)
 
     def proto(self) -> common_pb2.BytesDelta:
-        """The ``BytesDelta`` message (the middle travels in the record's own field)."""
-        return common_pb2.BytesDelta(prefix=self.prefix, suffix=self.suffix, size=self.size)
+        """The ``BytesDelta`` message (the carried bytes travel in the record's own field)."""
+        return common_pb2.BytesDelta(
+            prefix=self.prefix,
+            suffix=self.suffix,
+            size=self.size,
+            copies=[common_pb2.BytesCopy(at=a, offset=o, length=n) for a, o, n in self.copies],
+        )
+
+    @staticmethod
+    def of_proto(delta: common_pb2.BytesDelta, middle: bytes) -> BytesCut:
+        """The cut a ``BytesDelta`` and its carried bytes describe."""
+        return BytesCut(delta.prefix, delta.suffix, middle, tuple((c.at, c.offset, c.length) for c in delta.copies))
 
     @property
     def saved(self) -> int:
         """Bytes left out."""
-        return self.prefix + self.suffix
+        return self.prefix + self.suffix + sum(c[2] for c in self.copies)
+
+
+def _next_run(base: bytes, b: int, b_end: int, full: bytes, n: int, n_end: int) -> tuple[int, int, int] | None:
+    """The next run of ``base[b:b_end]`` in ``full[n:n_end]``: (offset in base, offset in full,
+    length), at least :data:`MIN_COPY` bytes, or None."""
+    for skip in _SKIPS:
+        s = b + skip
+        if b_end - s < MIN_COPY:
+            return None
+        k = full.find(base[s : s + _ANCHOR], n, n_end)
+        if k >= 0:
+            length = pw.common_run(base, s, full, k, min(b_end - s, n_end - k))
+            if length >= MIN_COPY:
+                return s, k, length
+    return None
 
 
 @dataclass(frozen=True)
@@ -245,7 +328,7 @@ def expand_record(record: bytes, base: FullParts) -> bytes:
         ("request_json", REQUEST_JSON, delta.request_json, base.request_json),
         ("canonical_json", CANONICAL_JSON, delta.canonical_json, base.canonical_json),
     ):
-        value = BytesCut(d.prefix, d.suffix, parts.get(num, b"")).apply(base_value)
+        value = BytesCut.of_proto(d, parts.get(num, b"")).apply(base_value)
         if len(value) != d.size:
             raise ValueError(f"{name} rebuilt to {len(value)} bytes, the delta says {d.size}")
         fields.append((num, value))

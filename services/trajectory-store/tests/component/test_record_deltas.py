@@ -36,6 +36,17 @@ def _full_calls(rollout_id: str) -> list[common_pb2.CallRecord]:
     return calls
 
 
+def _two_place_calls(rollout_id: str) -> list[common_pb2.CallRecord]:
+    """As :func:`_full_calls`, with a flag after the system prompt that alternates (the request
+    changes in two places)."""
+    calls = _full_calls(rollout_id)
+    for i, c in enumerate(calls):
+        request = json.loads(c.request_json)
+        request["stream"] = i % 2 == 0
+        c.request_json = json.dumps(request).encode()
+    return calls
+
+
 def _events(calls: list[common_pb2.CallRecord]) -> list[tuple[str, proxy.CallRecorded, bytes]]:
     """CallRecorded events as the proxy publishes them: each call after the first coded against the
     previous one (with the event's wire bytes, as the consumer passes them)."""
@@ -66,6 +77,20 @@ def _check(repo: SqlRepository, rollout_id: str, full: list[common_pb2.CallRecor
     assert list(sample.prompt_token_ids) + list(sample.response_token_ids) == list(last.prompt_token_ids) + list(
         last.completion_token_ids
     )
+
+
+def test_deltas_with_runs_of_the_base_are_rebuilt_exactly(repo: SqlRepository) -> None:
+    # a request changed in two places (new messages, and a flag after the system prompt that
+    # alternates): the system prompt between them travels as a run of the base
+    full = _two_place_calls("r5")
+    events = _events(full)
+    for _, e, _ in events[1:]:
+        d = e.record.delta.request_json
+        assert len(d.copies) == 1 and d.copies[0].length >= 5000
+        assert len(e.record.request_json) < 1500  # the new message and the flag
+    repo.ingest([submitted(make_rollout("r5"))])
+    repo.ingest([*events, _finish("r5")])
+    _check(repo, "r5", full)
 
 
 def test_deltas_in_one_batch_are_rebuilt_exactly(repo: SqlRepository) -> None:
@@ -169,10 +194,12 @@ def _expanded(records: list[common_pb2.CallRecord]) -> list[common_pb2.CallRecor
         "request_prefix",
         "empty_delta",
         "itself_as_base",
+        "run_outside_base",
+        "run_shorter",
     ],
 )
 def test_a_delta_inconsistent_with_its_base_is_refused_not_stored_wrong(repo: SqlRepository, spoil: str) -> None:
-    full = _full_calls("r0")
+    full = _two_place_calls("r0")
     events = _events(full)
     repo.ingest([submitted(make_rollout("r0")), events[0]])
     eid, event, _ = events[1]
@@ -181,6 +208,10 @@ def test_a_delta_inconsistent_with_its_base_is_refused_not_stored_wrong(repo: Sq
         d.prompt_prefix_tokens -= 1  # within the base: only the delta's own count tells
     elif spoil == "request_prefix":
         d.request_json.prefix -= 3  # within the base: only the delta's own size tells
+    elif spoil == "run_outside_base":
+        d.request_json.copies[0].offset = 10**6
+    elif spoil == "run_shorter":
+        d.request_json.copies[0].length -= 2  # a valid run: only the delta's own size tells
     elif spoil == "empty_delta":
         event.record.delta.Clear()
         event.record.delta.SetInParent()

@@ -592,8 +592,11 @@ Global___RecordDelta: _TypeAlias = RecordDelta  # noqa: Y015
 
 @_typing.final
 class BytesDelta(_message.Message):
-    """A byte string coded as the middle between a prefix and a suffix of a base
-    byte string: full = base[:prefix] + middle + base[len(base) - suffix:].
+    """A byte string coded against a base byte string: full = base[:prefix] +
+    middle + base[len(base) - suffix:], where the middle is the bytes the record
+    carries with runs of the base inserted (copies). Two changed places, such as
+    new messages in the middle of a body and a flag at its end, leave the bytes
+    between them to a copy.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -601,26 +604,62 @@ class BytesDelta(_message.Message):
     PREFIX_FIELD_NUMBER: _builtins.int
     SUFFIX_FIELD_NUMBER: _builtins.int
     SIZE_FIELD_NUMBER: _builtins.int
+    COPIES_FIELD_NUMBER: _builtins.int
     prefix: _builtins.int
     """Leading bytes taken from the base."""
     suffix: _builtins.int
     """Trailing bytes taken from the base."""
     size: _builtins.int
     """Bytes of the full string (a check of the rebuilt string)."""
+    @_builtins.property
+    def copies(self) -> _containers.RepeatedCompositeFieldContainer[Global___BytesCopy]:
+        """Runs of the base inserted into the carried bytes, in order of `at`."""
+
     def __init__(
         self,
         *,
         prefix: _builtins.int = ...,
         suffix: _builtins.int = ...,
         size: _builtins.int = ...,
+        copies: _abc.Iterable[Global___BytesCopy] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prefix", b"prefix", "size", b"size", "suffix", b"suffix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["copies", b"copies", "prefix", b"prefix", "size", b"size", "suffix", b"suffix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BytesDelta: _TypeAlias = BytesDelta  # noqa: Y015
+
+@_typing.final
+class BytesCopy(_message.Message):
+    """A run of a base byte string inside a delta's middle."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AT_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    at: _builtins.int
+    """Carried bytes before the run (from the start of the record's field)."""
+    offset: _builtins.int
+    """Offset of the run in the base."""
+    length: _builtins.int
+    """Bytes in the run."""
+    def __init__(
+        self,
+        *,
+        at: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        length: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "length", b"length", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BytesCopy: _TypeAlias = BytesCopy  # noqa: Y015
 
 @_typing.final
 class Rollout(_message.Message):
