@@ -16,7 +16,7 @@ import pytest
 from openforge_core.errors import InvalidArgument
 from openforge_proxy.domain.conversation import CanonicalRequest
 from openforge_proxy.domain.protocols import anthropic, chat
-from openforge_proxy.domain.protocols.memo import ConversationMemo
+from openforge_proxy.domain.protocols.memo import BodyMemo, ConversationMemo
 from openforge_proxy.domain.scrub import scrub_json_bytes
 from openforge_testing.captures import CAPTURES, load_run, runs
 
@@ -255,18 +255,22 @@ def _random_entry(rng: random.Random, protocol: Any) -> Any:
     return rng.choice([{"role": "bogus"}, "not an object"])  # the request is refused
 
 
+@pytest.mark.parametrize("bodies", [False, True], ids=["dicts", "body-memo"])
 @pytest.mark.parametrize("protocol", [anthropic, chat], ids=["anthropic", "chat"])
-def test_random_histories_parse_as_fresh(protocol: Any) -> None:
-    """Appends, edits, truncations, system prompt changes and refused requests, in random order."""
+def test_random_histories_parse_as_fresh(protocol: Any, bodies: bool) -> None:
+    """Appends, edits, truncations, system prompt changes and refused requests, in random order;
+    with ``bodies``, each body serialized and parsed by a session's :class:`BodyMemo` as the
+    handler does (unchanged values are then the previous parse's objects)."""
     rng = random.Random(7)
     tools: list[Any] = (
         [{"name": "T0", "input_schema": {}}]
         if protocol is anthropic
         else [{"type": "function", "function": {"name": "T0", "parameters": {}}}]
     )
-    parsed = refused = 0
+    parsed = refused = reused = 0
     for _ in range(120):
         memo = ConversationMemo()
+        body_memo = BodyMemo()
         entries: list[Any] = []
         system = rng.choice([None, "sys", [{"type": "text", "text": "sys"}]])
         for _ in range(20):
@@ -283,17 +287,20 @@ def test_random_histories_parse_as_fresh(protocol: Any) -> None:
             body: dict[str, Any] = {"model": "m", "messages": copy.deepcopy(entries), "tools": tools}
             if system is not None and protocol is anthropic:
                 body["system"] = copy.deepcopy(system)
+            given = body_memo.loads(orjson.dumps(body)) if bodies else body
             try:
                 protocol.parse(copy.deepcopy(body))
             except InvalidArgument:
                 with pytest.raises(InvalidArgument):
-                    protocol.parse(body, memo)
+                    protocol.parse(given, memo)
                 refused += 1
                 entries = [e for e in entries if isinstance(e, dict) and e.get("role") != "bogus"]
                 continue
-            _same_as_fresh(protocol.parse(body, memo), body, protocol)
+            _same_as_fresh(protocol.parse(given, memo), body, protocol)
             parsed += 1
+        reused += body_memo.reused
     assert parsed > 1000 and refused > 20
+    assert reused > 1000 if bodies else reused == 0
 
 
 def test_tools_that_are_not_a_list_are_refused_naming_the_field() -> None:

@@ -44,7 +44,7 @@ from openforge_proxy.domain.engine import Delta, Engine, EngineRejected, EngineU
 from openforge_proxy.domain.families import Event
 from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, ToolCallOut, Usage
 from openforge_proxy.domain.protocols import anthropic, chat, dumps, responses
-from openforge_proxy.domain.protocols.memo import ConversationMemo
+from openforge_proxy.domain.protocols.memo import BodyMemo, ConversationMemo
 from openforge_proxy.domain.record import CallRecordData, Recorder, RecordTooLarge
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.scrub import scrub_headers, scrub_json_bytes
@@ -97,12 +97,13 @@ class SessionCalls:
     Messages and Chat Completions requests (their unchanged start is not converted again), and
     the last acknowledged records, which the next record is coded against (``RecordDelta``)."""
 
-    def __init__(self, splicer: Splicer) -> None:
+    def __init__(self, splicer: Splicer, bodies: BodyMemo | None = None) -> None:
         self.splicer = splicer
         self.calls: dict[str, _CallState] = {}
         self.counter = 0
         self.anthropic = ConversationMemo()
         self.chat = ConversationMemo()
+        self.body = bodies if bodies is not None else BodyMemo()
         self.bases: OrderedDict[str, RecordBase] = OrderedDict()
 
     def base_for(self, extends_call_id: str) -> RecordBase | None:
@@ -256,13 +257,13 @@ class CallHandler:
         wire = WireApi.ANTHROPIC_MESSAGES
         try:
             session = self._authenticate(headers)
-            request = self._parse_json(body)
+            request = self._parse_json(body, None)
             runtime = await self._load_runtime()
             try:
                 canonical = anthropic.parse({"max_tokens": 1, **request})
             except InvalidArgument as exc:
                 raise ApiError(ErrorKind.INVALID_REQUEST, exc.message) from exc
-            state = self._state(session.rollout_id, runtime)
+            state = self._state(session.rollout_id, runtime, BodyMemo())
             plan = state.splicer.build(canonical.messages, canonical.tools)
         except ApiError as err:
             status, payload, _ = error_response(wire, err, new_request_id())
@@ -279,9 +280,9 @@ class CallHandler:
             raise _api_error(exc) from exc
 
     @staticmethod
-    def _parse_json(body: bytes) -> dict[str, Any]:
+    def _parse_json(body: bytes, memo: BodyMemo | None) -> dict[str, Any]:
         try:
-            parsed = orjson.loads(body)
+            parsed = memo.loads(body) if memo is not None else orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise ApiError(ErrorKind.INVALID_REQUEST, f"the body is not valid JSON: {exc}") from exc
         if not isinstance(parsed, dict):
@@ -296,7 +297,7 @@ class CallHandler:
         except OpenForgeError as exc:
             raise ApiError(ErrorKind.UNAVAILABLE, f"the served model cannot be used: {exc.message}") from exc
 
-    def _state(self, rollout_id: str, runtime: ModelRuntime) -> SessionCalls:
+    def _state(self, rollout_id: str, runtime: ModelRuntime, bodies: BodyMemo) -> SessionCalls:
         state = self._states.get(rollout_id)
         if state is None:
             state = SessionCalls(
@@ -308,7 +309,8 @@ class CallHandler:
                     sorted(runtime.eos_ids),
                     max_heads=self._max_heads,
                     template_kwargs=runtime.template_kwargs,
-                )
+                ),
+                bodies,
             )
             self._states[rollout_id] = state
         return state
@@ -338,9 +340,11 @@ class CallHandler:
 
     async def _prepare(self, wire: WireApi, body: bytes, headers: Mapping[str, str]) -> _Prepared:
         session = self._authenticate(headers)
-        parsed = self._parse_json(body)
+        prior = self._states.get(session.rollout_id)
+        bodies = prior.body if prior is not None else BodyMemo()
+        parsed = self._parse_json(body, bodies)
         runtime = await self._load_runtime()
-        state = self._state(session.rollout_id, runtime)
+        state = self._state(session.rollout_id, runtime, bodies)
         try:
             if wire is WireApi.OPENAI_RESPONSES:
                 request = responses.parse(parsed, state.splicer.turn_of_ref)

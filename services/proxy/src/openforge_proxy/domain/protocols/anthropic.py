@@ -187,7 +187,11 @@ def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> Canonic
         else:
             raise InvalidArgument.field(f"messages[{i}].role", "must be user, assistant or system")
         ends.append(len(messages))
-    tools = shared_tools("anthropic", body.get("tools") or [], _tools)
+    raw_tools = body.get("tools") or []
+    if memo is not None:
+        tools = memo.tools("anthropic", raw_tools, _tools)
+    else:
+        tools = shared_tools("anthropic", raw_tools, _tools)
     if memo is not None:
         memo.commit(resume, messages, ends, base)
     thinking = body.get("thinking")

@@ -163,7 +163,11 @@ def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> Canonic
         else:
             raise InvalidArgument.field(f"messages[{i}].role", "must be system, developer, user, assistant or tool")
         ends.append(len(messages))
-    tools = shared_tools("chat", body.get("tools"), _tools)
+    raw_tools = body.get("tools")
+    if memo is not None:
+        tools = memo.tools("chat", raw_tools, _tools)
+    else:
+        tools = shared_tools("chat", raw_tools, _tools)
     if memo is not None:
         memo.commit(resume, messages, ends, 0)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))

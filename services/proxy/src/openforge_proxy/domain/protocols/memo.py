@@ -1,8 +1,12 @@
 """Reusing the canonical form of what a session's harness sends again on every call.
 
 A harness resends the whole conversation on every call and appends to it, with the same
-tools each time. Two reuses keep a call's cost with its new part:
+tools each time. Three reuses keep a call's cost with its new part:
 
+* :class:`BodyMemo` (per session): a request body that differs from the previous one only
+  inside one top-level value (``messages``, or ``input``) is parsed as that value alone; the
+  other values are the previous parse's objects (the system prompt and the tools are most
+  of a Claude Code body).
 * :class:`ConversationMemo` (per session and protocol): when what precedes the message
   entries (Anthropic's ``system``) and the first ``k`` entries are the same JSON as the
   previous request's, their canonical messages are the previous parse's — the same
@@ -29,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from openforge_core.protowire import common_prefix, common_suffix
 from openforge_proxy.domain.conversation import Message, Tool
 
 #: Distinct tool lists kept by :func:`shared_tools`.
@@ -62,6 +67,116 @@ def shared_tools(protocol: str, raw: Any, convert: Callable[[Any], list[Tool]]) 
     return tools
 
 
+_NOTHING: Any = object()  # no value yet (None is one)
+
+#: Bodies a :class:`BodyMemo` keeps (a session's threads: the main conversation, sub-agents).
+BODIES_KEPT = 2
+
+
+@dataclass
+class _Body:
+    data: bytes
+    values: dict[str, Any]
+    spans: list[tuple[str, int, int]]  # key, start and end of its value in data
+
+
+class BodyMemo:
+    """A session's latest request bodies, each with where its top-level values lie.
+
+    :meth:`loads` parses a body that differs from a kept one only inside one top-level
+    value as that value alone: it finds the first and last bytes where the two differ
+    (``memcmp``), and when both lie within the span of one value, the body is the kept one
+    with that value's bytes replaced. JSON's grammar makes the replacement exact: bytes that
+    parse as one JSON value, put where a value stood in a valid document, give a valid
+    document whose other values are unchanged, so they are the kept parse's objects (the
+    same objects: never change what a parse returns). Anything else is parsed whole.
+
+    A body's value spans are known when each value serialized by ``orjson`` is the body's
+    own bytes at that place: compact JSON as Claude Code, Codex and OpenClaw send it
+    (JavaScript ``JSON.stringify``, Rust ``serde_json``). A body written otherwise (spaces
+    after separators, escaped non-ASCII) is not kept, and its session parses every body
+    whole, as without this memo.
+    """
+
+    def __init__(self) -> None:
+        self._bodies: list[_Body] = []
+        self.reused = 0
+
+    def loads(self, body: bytes) -> Any:
+        """The parsed body (as ``orjson.loads``).
+
+        Raises:
+            orjson.JSONDecodeError: Not valid JSON (nothing is kept of it).
+        """
+        for i, kept in enumerate(self._bodies):
+            values = self._replace(kept, body)
+            if values is not None:
+                self.reused += 1
+                self._bodies.insert(0, self._bodies.pop(i))
+                return values
+        parsed = orjson.loads(body)
+        if type(parsed) is dict:
+            spans = _spans(body, parsed)
+            if spans is not None:
+                self._bodies.insert(0, _Body(body, parsed, spans))
+                del self._bodies[BODIES_KEPT:]
+        return parsed
+
+    @staticmethod
+    def _replace(kept: _Body, body: bytes) -> dict[str, Any] | None:
+        old = kept.data
+        p = common_prefix(old, body)
+        s = common_suffix(old, body, min(len(old), len(body)) - p)
+        lo, hi = p, len(old) - s  # what differs, in the kept body
+        if lo >= len(old) and len(old) == len(body):
+            return kept.values  # the same body (a retry)
+        i = next((i for i, (_, a, b) in enumerate(kept.spans) if a <= lo and hi <= b), None)
+        if i is None:
+            return None
+        key, a, b = kept.spans[i]
+        d = len(body) - len(old)
+        try:
+            value = orjson.loads(memoryview(body)[a : b + d])
+        except orjson.JSONDecodeError:
+            return None
+        values = dict(kept.values)
+        values[key] = value
+        spans = kept.spans[:i] + [(key, a, b + d)] + [(k, x + d, y + d) for k, x, y in kept.spans[i + 1 :]]
+        kept.data, kept.values, kept.spans = body, values, spans
+        return values
+
+
+def _spans(body: bytes, parsed: dict[str, Any]) -> list[tuple[str, int, int]] | None:
+    """Where each top-level value of ``parsed`` lies in ``body``, or None unless the body is
+    exactly the compact serialization of ``parsed``, key by key, as ``orjson`` writes it."""
+    if not body.startswith(b"{"):
+        return None
+    spans: list[tuple[str, int, int]] = []
+    pos = 1
+    last = len(parsed) - 1
+    try:
+        for i, (key, value) in enumerate(parsed.items()):
+            k = orjson.dumps(key)
+            if not body.startswith(k, pos) or body[pos + len(k) : pos + len(k) + 1] != b":":
+                return None
+            pos += len(k) + 1
+            v = orjson.dumps(value)
+            if not body.startswith(v, pos):
+                return None
+            spans.append((key, pos, pos + len(v)))
+            pos += len(v)
+            if body[pos : pos + 1] != (b"}" if i == last else b","):
+                return None
+            pos += 1
+    except orjson.JSONEncodeError:  # integers past 64 bits: parsed, not serializable
+        return None
+    if not parsed and body[pos : pos + 1] == b"}":
+        pos += 1
+    if body[pos:].strip() or len(spans) != len(parsed):
+        return None
+    return spans
+
+
 @dataclass
 class Resume:
     """Where a parse starts: what :meth:`ConversationMemo.resume` found reusable.
@@ -83,6 +198,7 @@ class Resume:
     names: dict[str, str]
     head_reused: bool
     _head: bytes = b""
+    _head_value: Any = None
     _entries: list[bytes] = field(default_factory=list)
     _joined: bytes = b""
 
@@ -107,6 +223,18 @@ class ConversationMemo:
     base: int = 0
     ends: list[int] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
+    _head_value: Any = _NOTHING
+    _tools_value: Any = _NOTHING
+    _tools: list[Tool] = field(default_factory=list)
+
+    def tools(self, protocol: str, raw: Any, convert: Callable[[Any], list[Tool]]) -> list[Tool]:
+        """:func:`shared_tools` of ``raw``; the previous request's list when ``raw`` is the same
+        object (a :class:`BodyMemo` parse keeps it), without serializing it again."""
+        if raw is self._tools_value:
+            return self._tools
+        tools = shared_tools(protocol, raw, convert)
+        self._tools_value, self._tools = raw, tools
+        return tools
 
     def resume(self, head: Any, raws: list[Any]) -> Resume:
         """What of a new request (``head``, entries ``raws``) the previous one's parse covers.
@@ -115,7 +243,8 @@ class ConversationMemo:
         list's bytes without their ``]``, then a comma or the end), so only the new entries
         are serialized one by one; otherwise every entry is, and compared in order.
         """
-        head_json = orjson.dumps(head)
+        # the same object as the previous head (a BodyMemo parse): the same JSON
+        head_json = self.head if head is self._head_value else orjson.dumps(head)
         joined = orjson.dumps(raws)
         old, prev = self.raw, self.joined
         if prev and joined.startswith(prev[:-1]) and (len(joined) == len(prev) or joined[len(prev) - 1] == 0x2C):
@@ -128,13 +257,13 @@ class ConversationMemo:
             while k < n and entries[k] == old[k]:
                 k += 1
         if not self.messages or head_json != self.head:
-            return Resume(0, [], [], {}, False, head_json, entries, joined)
+            return Resume(0, [], [], {}, False, head_json, head, entries, joined)
         messages = self.messages[: self.ends[k - 1] if k else self.base]
         names: dict[str, str] = {}
         for m in messages:
             if m.tool_calls:
                 names.update({tc.id: tc.name for tc in m.tool_calls})
-        return Resume(k, messages, self.ends[:k], names, True, head_json, entries, joined)
+        return Resume(k, messages, self.ends[:k], names, True, head_json, head, entries, joined)
 
     def commit(self, resume: Resume, messages: list[Message], ends: list[int], base: int) -> None:
         """Remembers a request parsed from ``resume`` (call only once it was accepted).
@@ -146,6 +275,7 @@ class ConversationMemo:
             base: Canonical messages converted from the head.
         """
         self.head, self.raw, self.joined = resume._head, resume._entries, resume._joined
+        self._head_value = resume._head_value
         self.base, self.ends, self.messages = base, ends, list(messages)
 
 

@@ -1,0 +1,125 @@
+"""Request bodies parsed as the one top-level value that changed since a kept body (BodyMemo).
+
+Whatever is reused, the parse must equal ``orjson.loads`` of the whole body, compared as
+serialized JSON (``==`` takes 1, 1.0 and true for one another).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import orjson
+import pytest
+
+from openforge_proxy.domain.protocols.memo import BodyMemo
+
+
+def _check(memo: BodyMemo, body: bytes) -> Any:
+    got = memo.loads(body)
+    assert orjson.dumps(got) == orjson.dumps(orjson.loads(body))
+    return got
+
+
+def _body(messages: list[Any], **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": messages, "system": "s" * 500, "tools": [{"name": "Bash"}], **extra}
+
+
+def test_a_growing_conversation_parses_only_its_messages() -> None:
+    memo = BodyMemo()
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    first = _check(memo, orjson.dumps(_body(messages)))
+    for i in range(5):
+        messages = [*messages, {"role": "assistant", "content": f"a{i}"}, {"role": "user", "content": f"u{i}"}]
+        got = _check(memo, orjson.dumps(_body(messages)))
+        # the unchanged values are the first parse's objects
+        assert got["system"] is first["system"] and got["tools"] is first["tools"]
+    assert memo.reused == 5
+
+
+@pytest.mark.parametrize(
+    ("change", "reused"),
+    [
+        (lambda b: {**b, "stream": True}, False),  # a new key
+        (lambda b: {("toolz" if k == "tools" else k): v for k, v in b.items()}, False),  # a key, next to a value
+        (lambda b: {**b, "system": "other"}, True),  # one other value
+        (lambda b: {**b, "system": "other", "tools": []}, False),  # two values
+        (lambda b: {k: b[k] for k in reversed(b)}, False),  # other order
+        (lambda b: {**b, "max_tokens": 12}, True),  # a number, longer
+        (lambda b: {**b, "max_tokens": 1.0}, True),  # equal to Python, not the same JSON
+        (lambda b: b, True),  # the same body (a retry)
+    ],
+)
+def test_changes_outside_one_value_are_parsed_whole(change: Any, reused: bool) -> None:
+    memo = BodyMemo()
+    base = {**_body([{"role": "user", "content": "hi"}]), "max_tokens": 1}
+    _check(memo, orjson.dumps(base))
+    _check(memo, orjson.dumps(change(base)))
+    assert memo.reused == int(reused)
+
+
+def test_bodies_not_in_orjson_form_are_parsed_whole_every_time() -> None:
+    memo = BodyMemo()
+    messages: list[Any] = []
+    for i in range(4):
+        messages = [*messages, {"role": "user", "content": f"ü{i}"}]
+        for text in (
+            json.dumps(_body(messages)),  # spaces after separators, non-ASCII escaped
+            json.dumps(_body(messages), separators=(",", ":")),  # non-ASCII escaped
+            " " + orjson.dumps(_body(messages)).decode(),  # leading space
+            '{"a":1,"a":2}',  # a duplicate key
+            '{"n":' + str(2**70) + "}",  # an integer orjson parses but does not write
+        ):
+            _check(memo, text.encode())
+    assert memo.reused == 0
+
+
+def test_replacements_that_break_the_document_are_refused_as_a_whole_parse_would_be() -> None:
+    memo = BodyMemo()
+    _check(memo, b'{"messages":[1,2],"stream":true}')
+    for bad in (b'{"messages":[1,2,],"stream":true}', b'{"messages":[1,2]],"stream":true}', b'{"messages":[1,2'):
+        with pytest.raises(orjson.JSONDecodeError):
+            memo.loads(bad)
+    # the kept body is still the last good one
+    assert _check(memo, b'{"messages":[1,2,3],"stream":true}')["messages"] == [1, 2, 3]
+    # a change at a value's edge that reads as more than one value
+    _check(memo, b'{"messages":[1,2,3],"x":[4],"stream":true}')
+    assert memo.reused == 1
+
+
+def test_two_threads_of_a_session_each_reuse_their_own_body() -> None:
+    memo = BodyMemo()
+    a: list[Any] = [{"role": "user", "content": "main"}]
+    b: list[Any] = [{"role": "user", "content": "sub-agent"}]
+    for i in range(4):
+        a = [*a, {"role": "user", "content": f"a{i}"}]
+        b = [*b, {"role": "user", "content": f"b{i}"}]
+        _check(memo, orjson.dumps(_body(a, system="main " * 100)))
+        _check(memo, orjson.dumps(_body(b, system="sub " * 100)))
+    assert memo.reused == 6  # all but each thread's first body
+
+
+def test_random_edits_parse_as_a_whole_parse() -> None:
+    """Appends, edits, truncations and changes of other values, in random order."""
+    rng = random.Random(3)
+    memo = BodyMemo()
+    values: list[Any] = ["x", 1, 2.5, None, True, {"k": [1, {"z": "ü"}]}, [], 'a\\"b\n']
+    for _ in range(60):
+        body: dict[str, Any] = _body([])
+        for _ in range(25):
+            op = rng.random()
+            msgs = body["messages"]
+            if op < 0.5:
+                body["messages"] = [*msgs, *(rng.choice(values) for _ in range(rng.randint(1, 3)))]
+            elif op < 0.65 and msgs:
+                k = rng.randrange(len(msgs))
+                body["messages"] = [*msgs[:k], rng.choice(values), *msgs[k + 1 :]]
+            elif op < 0.75:
+                body["messages"] = msgs[: rng.randint(0, len(msgs))]
+            elif op < 0.9:
+                body[rng.choice(["system", "tools", "stream"])] = rng.choice(values)
+            else:
+                body = {k: body[k] for k in rng.sample(list(body), len(body))}
+            _check(memo, orjson.dumps(body))
+    assert memo.reused > 800
