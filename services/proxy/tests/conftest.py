@@ -34,6 +34,9 @@ class ListRecorder:
         self.records: list[CallRecordData] = []
         self.fail: Exception | None = None
 
+    def encode_parts(self, *fields: object) -> None:
+        return None
+
     async def record(self, data: CallRecordData) -> None:
         if self.fail is not None:
             raise self.fail

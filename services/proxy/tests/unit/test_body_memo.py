@@ -38,13 +38,35 @@ def test_a_growing_conversation_parses_only_its_messages() -> None:
     assert memo.reused == 5
 
 
+def test_values_changed_on_both_sides_of_unchanged_ones_leave_those_as_they_were() -> None:
+    # new messages and a flag after the system prompt and tools (a caller that alternates
+    # streaming): the values between are the kept objects, the changed ones parsed alone
+    memo = BodyMemo()
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    first = _check(memo, orjson.dumps(_body(messages, stream=False)))
+    for i in range(6):
+        messages = [*messages, {"role": "user", "content": f"u{i} " + "x" * 100}]
+        got = _check(memo, orjson.dumps(_body(messages, stream=i % 2 == 0)))
+        assert got["system"] is first["system"] and got["tools"] is first["tools"]
+    assert memo.reused == 6
+    # a changed value that holds the next key and the start of its value (a nested object
+    # with the same key and value): where they are found first, the changed value does not
+    # end, so the body is parsed whole
+    messages = [*messages, {"role": "user", "content": "c", "system": "s" * 500}]
+    body = orjson.dumps(_body(messages, stream=True))
+    assert body.index(b',"system":"sss') < body.index(b"]")
+    _check(memo, body)
+    assert memo.reused == 6
+
+
 @pytest.mark.parametrize(
     ("change", "reused"),
     [
         (lambda b: {**b, "stream": True}, False),  # a new key
         (lambda b: {("toolz" if k == "tools" else k): v for k, v in b.items()}, False),  # a key, next to a value
         (lambda b: {**b, "system": "other"}, True),  # one other value
-        (lambda b: {**b, "system": "other", "tools": []}, False),  # two values
+        (lambda b: {**b, "system": "other", "tools": []}, False),  # two values side by side
+        (lambda b: {**b, "model": "n", "max_tokens": 2}, True),  # two values apart
         (lambda b: {k: b[k] for k in reversed(b)}, False),  # other order
         (lambda b: {**b, "max_tokens": 12}, True),  # a number, longer
         (lambda b: {**b, "max_tokens": 1.0}, True),  # equal to Python, not the same JSON

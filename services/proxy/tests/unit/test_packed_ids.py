@@ -5,15 +5,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from typing import cast
 
 from record_builders import coded_against, make_record
 
 from openforge.common.v1 import common_pb2
 from openforge.inference.v1 import inference_pb2
 from openforge.proxy.v1 import events_pb2
+from openforge_core.events import EventBus
 from openforge_core.record_delta import expand_records
 from openforge_proxy.adapters.inference import generate_request_bytes
-from openforge_proxy.adapters.publisher import event_bytes, record_proto
+from openforge_proxy.adapters.publisher import NatsRecorder, event_bytes, record_proto
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.engine import Sampling
 from openforge_proxy.domain.scrub import scrub_json_bytes
@@ -117,6 +119,15 @@ def test_event_bytes_against_a_base_rebuild_the_full_event() -> None:
     first_record = events_pb2.CallRecorded.FromString(event_bytes(first)).record
     assert not first_record.HasField("delta")
     assert expand_records([first_record, got.record]) == [record_proto(first), full.record]
+    # the same fields encoded ahead (while the engine generates), as the handler passes them
+    ahead = NatsRecorder(cast(EventBus, None)).encode_parts(
+        second.prompt, second.request_json, second.canonical_json, second.splice, second.cut
+    )
+    assert event_bytes(dataclasses.replace(second, parts=ahead)) == sent
+    full_ahead = NatsRecorder(cast(EventBus, None)).encode_parts(
+        first.prompt, first.request_json, first.canonical_json, first.splice, None
+    )
+    assert event_bytes(dataclasses.replace(first, parts=full_ahead)) == event_bytes(first)
 
 
 def test_scrub_replaces_identifier_values_only() -> None:

@@ -18,16 +18,19 @@ full record), so events stay a few KB however long the conversation grows.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from google.protobuf import struct_pb2
 
 from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import events_pb2
 from openforge_core.events import EventBus, MessageTooLarge, subject_for
+from openforge_core.record_delta import RecordCut
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import CallRecordData, RecordTooLarge
 from openforge_proxy.domain.splice import BreakCause, Span, SpliceReport
-from openforge_proxy.domain.tokens import varint
+from openforge_proxy.domain.tokens import PackedIds, varint
 
 SUBJECT = subject_for("proxy", "call_recorded")
 
@@ -172,6 +175,38 @@ _RECORD_DELTA_TAG = varint(25 << 3 | 2)  # CallRecord.delta
 _EVENT_RECORD_TAG = varint(2 << 3 | 2)  # CallRecorded.record
 
 
+@dataclass(frozen=True)
+class EncodedParts:
+    """The serialized fields of a ``CallRecord`` that do not depend on the answer (splice report,
+    delta, packed prompt ids, request and canonical JSON), and their size in bytes."""
+
+    chunks: tuple[bytes, ...]
+    size: int
+
+    @staticmethod
+    def of(
+        prompt: PackedIds, request_json: bytes, canonical_json: bytes, splice: SpliceReport, cut: RecordCut | None
+    ) -> EncodedParts:
+        """The fields, each as a length-delimited field (the prompt, request and canonical JSON
+        as ``cut`` against its base when given: a ``RecordDelta``)."""
+        body = splice_bytes(splice)
+        head = _RECORD_SPLICE_TAG + varint(len(body))  # always present, as record_proto sets it
+        chunks = [head, body]
+        packed = prompt.packed
+        if cut is not None:
+            packed, request_json, canonical_json = cut.prompt_tail, cut.request_json.middle, cut.canonical_json.middle
+            delta = cut.delta_bytes()
+            chunks += (_RECORD_DELTA_TAG + varint(len(delta)), delta)
+        for tag, value in (
+            (_RECORD_PROMPT_TAG, packed),
+            (_RECORD_REQUEST_JSON_TAG, request_json),
+            (_RECORD_CANONICAL_JSON_TAG, canonical_json),
+        ):
+            if value:  # proto3: empty fields are not written
+                chunks += (tag + varint(len(value)), value)
+        return EncodedParts(tuple(chunks), sum(map(len, chunks)))
+
+
 def event_bytes(data: CallRecordData, *, structs: bool = False) -> bytes:
     """The serialized ``CallRecorded`` event of a record (equal, parsed, to one built by protobuf).
 
@@ -179,37 +214,25 @@ def event_bytes(data: CallRecordData, *, structs: bool = False) -> bytes:
     the response bytes: hundreds of KB for a Claude Code call) are appended as length-delimited
     fields by hand and the event is joined once, so each byte is copied once, not into the
     message, out of it and again into the event. The splice report (a span per reused turn)
-    is appended as :func:`splice_bytes`.
+    is appended as :func:`splice_bytes`. These fields come from ``data.parts`` when it holds
+    them already (:class:`EncodedParts`, made while the engine generated), else from ``data``.
 
     With ``data.cut`` set, the prompt, request and canonical JSON are sent as that cut against
     an earlier record (``RecordDelta``, :class:`openforge_core.record_delta.RecordCut`): a
     growing conversation's record carries its new part, not the whole conversation again.
     """
     small = record_proto(data, structs=structs, prompt=False, large=False, splice=False).SerializeToString()
-    splice = splice_bytes(data.splice)
-    splice_head = _RECORD_SPLICE_TAG + varint(len(splice))  # always present, as record_proto sets it
-    parts = [small, splice_head, splice]
-    size = len(small) + len(splice_head) + len(splice)
-    prompt, request_json, canonical_json = data.prompt.packed, data.request_json, data.canonical_json
-    cut = data.cut
-    if cut is not None:
-        prompt, request_json, canonical_json = cut.prompt_tail, cut.request_json.middle, cut.canonical_json.middle
-        delta = cut.delta_bytes()
-        head = _RECORD_DELTA_TAG + varint(len(delta))
-        parts += (head, delta)
-        size += len(head) + len(delta)
-    for tag, value in (
-        (_RECORD_PROMPT_TAG, prompt),
-        (_RECORD_REQUEST_JSON_TAG, request_json),
-        (_RECORD_RESPONSE_BODY_TAG, data.response_body),
-        (_RECORD_CANONICAL_JSON_TAG, canonical_json),
-    ):
-        if value:  # proto3: empty fields are not written
-            head = tag + varint(len(value))
-            parts += (head, value)
-            size += len(head) + len(value)
+    parts = data.parts
+    if not isinstance(parts, EncodedParts):
+        parts = EncodedParts.of(data.prompt, data.request_json, data.canonical_json, data.splice, data.cut)
+    chunks = [small, *parts.chunks]
+    size = len(small) + parts.size
+    if data.response_body:
+        head = _RECORD_RESPONSE_BODY_TAG + varint(len(data.response_body))
+        chunks += (head, data.response_body)
+        size += len(head) + len(data.response_body)
     event_head = events_pb2.CallRecorded(event_id=data.event_id).SerializeToString()
-    return b"".join([event_head, _EVENT_RECORD_TAG, varint(size), *parts])
+    return b"".join([event_head, _EVENT_RECORD_TAG, varint(size), *chunks])
 
 
 _TYPE_NAME = events_pb2.CallRecorded.DESCRIPTOR.full_name
@@ -226,6 +249,17 @@ class NatsRecorder:
     def __init__(self, bus: EventBus, *, structs: bool = False) -> None:
         self._bus = bus
         self._structs = structs
+
+    def encode_parts(
+        self,
+        prompt: PackedIds,
+        request_json: bytes,
+        canonical_json: bytes,
+        splice: SpliceReport,
+        cut: RecordCut | None,
+    ) -> EncodedParts:
+        """:class:`EncodedParts` of these fields (see :meth:`Recorder.encode_parts`)."""
+        return EncodedParts.of(prompt, request_json, canonical_json, splice, cut)
 
     async def record(self, data: CallRecordData) -> None:
         """Publishes the record (de-duplicated per event id).

@@ -447,7 +447,7 @@ class CallHandler:
             try:
                 for _ in range(_SEND_YIELDS):  # let the Generate request leave first
                     await asyncio.sleep(0)
-                pre = _PreRecord.of(p, body)
+                pre = _PreRecord.of(p, body, self._recorder)
             except BaseException:  # cancelled meanwhile (client gone), or a bug: end the generation
                 first_delta.cancel()
                 raise
@@ -473,7 +473,7 @@ class CallHandler:
                 data = encoder.start(usage0) + gen.feed(first, encoder)
                 sent.append(data)
                 await responder.write(data)
-                pre = _PreRecord.of(p, body)
+                pre = _PreRecord.of(p, body, self._recorder)
                 async for delta in stream:
                     data = gen.feed(delta, encoder)
                     if data:
@@ -514,7 +514,7 @@ class CallHandler:
             p.session.rollout_id, new_call=p.new_call, tokens=usage0.prompt_tokens + len(gen.ids)
         )
         if pre is None:
-            pre = _PreRecord.of(p, body)
+            pre = _PreRecord.of(p, body, self._recorder)
         record = CallRecordData(
             rollout_id=p.session.rollout_id,
             run_id=p.session.run_id,
@@ -539,6 +539,7 @@ class CallHandler:
             stream=p.request.stream,
             extra={"turn_id": turn.turn_id},
             cut=pre.cut,
+            parts=pre.parts,
         )
         try:
             await self._recorder.record(record)
@@ -745,17 +746,19 @@ class _PreRecord:
     request_json: bytes
     canonical_json: bytes
     cut: RecordCut | None
+    parts: object
 
     @staticmethod
-    def of(p: _Prepared, body: bytes) -> _PreRecord:
+    def of(p: _Prepared, body: bytes, recorder: Recorder) -> _PreRecord:
         request_json = scrub_json_bytes(body)
         canonical_json = p.request.record_json()
         base = p.state.base_for(p.plan.report.extends_call_id)
         cut = None
+        prompt = p.plan.prompt
         if base is not None:
-            prompt = p.plan.prompt
             cut = RecordCut.of(base, prompt.packed, request_json, canonical_json, prompt_ids=len(prompt))
-        return _PreRecord(request_json, canonical_json, cut)
+        parts = recorder.encode_parts(prompt, request_json, canonical_json, p.plan.report, cut)
+        return _PreRecord(request_json, canonical_json, cut, parts)
 
 
 async def _first(stream: AsyncIterator[Delta]) -> Delta:

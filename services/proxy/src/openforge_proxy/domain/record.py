@@ -46,6 +46,9 @@ class CallRecordData:
         cut: This record's prompt, request and canonical JSON cut against an earlier,
             acknowledged record of the session (its ``base``; ``RecordDelta``), or None: sent
             in full. The handler computes it while the engine generates.
+        parts: What the recorder's :meth:`Recorder.encode_parts` made of the fields that do
+            not depend on the answer (prompt, request and canonical JSON, splice report, cut),
+            also while the engine generates; None: encoded with the rest.
     """
 
     rollout_id: str
@@ -72,6 +75,7 @@ class CallRecordData:
     stream: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     cut: RecordCut | None = None
+    parts: object = None
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -111,6 +115,24 @@ class RecordTooLarge(Exception):
 
 class Recorder(Protocol):
     """Where finished calls go (NATS in the service, a list in tests)."""
+
+    def encode_parts(
+        self,
+        prompt: PackedIds,
+        request_json: bytes,
+        canonical_json: bytes,
+        splice: SpliceReport,
+        cut: RecordCut | None,
+    ) -> object:
+        """Encodes the fields of a record that do not depend on the answer, ahead of it.
+
+        The handler calls it while the engine generates and passes the result as
+        :attr:`CallRecordData.parts` of the same call's record (whose fields must be these).
+
+        Returns:
+            Whatever :meth:`record` takes in ``parts`` (None: nothing ahead).
+        """
+        ...
 
     async def record(self, data: CallRecordData) -> None:
         """Stores one record durably; returns once it is acknowledged.

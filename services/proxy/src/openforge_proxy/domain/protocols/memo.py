@@ -69,6 +69,9 @@ def shared_tools(protocol: str, raw: Any, convert: Callable[[Any], list[Tool]]) 
 
 _NOTHING: Any = object()  # no value yet (None is one)
 
+#: Bytes of the next value looked for after a changed one, to find where the changed one ends.
+_PROBE = 64
+
 #: Bodies a :class:`BodyMemo` keeps (a session's threads: the main conversation, sub-agents).
 BODIES_KEPT = 2
 
@@ -83,13 +86,17 @@ class _Body:
 class BodyMemo:
     """A session's latest request bodies, each with where its top-level values lie.
 
-    :meth:`loads` parses a body that differs from a kept one only inside one top-level
-    value as that value alone: it finds the first and last bytes where the two differ
-    (``memcmp``), and when both lie within the span of one value, the body is the kept one
-    with that value's bytes replaced. JSON's grammar makes the replacement exact: bytes that
-    parse as one JSON value, put where a value stood in a valid document, give a valid
-    document whose other values are unchanged, so they are the kept parse's objects (the
-    same objects: never change what a parse returns). Anything else is parsed whole.
+    :meth:`loads` reads a body with the same keys, in the same order, as a kept one value by
+    value: a value whose bytes are the kept value's, followed by the same bytes, is the kept
+    parse's object (the same object: never change what a parse returns); any other value is
+    parsed alone, from where the previous one ended to where the next key and the start of
+    its kept value are found (``memcmp`` and ``bytes.find``: the common prefix and suffix of
+    the two bodies bound where values can differ). JSON's grammar makes this exact: the keys
+    and separators are checked byte for byte, every value either equals the kept one's
+    bytes or parses as exactly one JSON value (``orjson`` refuses trailing bytes, and no
+    complete JSON value is a proper prefix of another except a number, which no separator
+    continues), so the body is a valid document with these values. Anything else (another
+    key, another order, bytes that do not parse) is parsed whole.
 
     A body's value spans are known when each value serialized by ``orjson`` is the body's
     own bytes at that place: compact JSON as Claude Code, Codex and OpenClaw send it
@@ -126,22 +133,41 @@ class BodyMemo:
     def _replace(kept: _Body, body: bytes) -> dict[str, Any] | None:
         old = kept.data
         p = common_prefix(old, body)
-        s = common_suffix(old, body, min(len(old), len(body)) - p)
-        lo, hi = p, len(old) - s  # what differs, in the kept body
-        if lo >= len(old) and len(old) == len(body):
+        if p == len(old) == len(body):
             return kept.values  # the same body (a retry)
-        i = next((i for i, (_, a, b) in enumerate(kept.spans) if a <= lo and hi <= b), None)
-        if i is None:
+        s = common_suffix(old, body, min(len(old), len(body)) - p)
+        hi, d = len(old) - s, len(body) - len(old)  # old[hi:] is the common suffix
+        view = memoryview(old)
+        values: dict[str, Any] = {}
+        spans: list[tuple[str, int, int]] = []
+        pos = prev = 0  # where the new body and the kept one are read
+        for i, (key, a, b) in enumerate(kept.spans):
+            if not body.startswith(view[prev:a], pos):  # the key and separators, as kept
+                return None
+            pos += a - prev
+            prev = b
+            nxt = kept.spans[i + 1] if i + 1 < len(kept.spans) else None
+            after = view[b : nxt[1]] if nxt is not None else view[b:]
+            if (b <= p and pos == a) or (a >= hi and pos == a + d) or body.startswith(view[a:b], pos):
+                if body.startswith(after, pos + b - a):  # the same bytes, then what follows them
+                    values[key] = kept.values[key]
+                    spans.append((key, pos, pos + b - a))
+                    pos += b - a
+                    continue
+            if nxt is None:  # the last value ends where the kept closing bytes begin
+                end = len(body) - len(after) if body.endswith(after) else -1
+            else:  # ... else where the next key and the start of its kept value are
+                end = body.find(view[b : nxt[1] + min(_PROBE, nxt[2] - nxt[1])], pos)
+            if end <= pos:
+                return None
+            try:
+                values[key] = orjson.loads(memoryview(body)[pos:end])
+            except orjson.JSONDecodeError:
+                return None
+            spans.append((key, pos, end))
+            pos = end
+        if body[pos:] != view[prev:]:
             return None
-        key, a, b = kept.spans[i]
-        d = len(body) - len(old)
-        try:
-            value = orjson.loads(memoryview(body)[a : b + d])
-        except orjson.JSONDecodeError:
-            return None
-        values = dict(kept.values)
-        values[key] = value
-        spans = kept.spans[:i] + [(key, a, b + d)] + [(k, x + d, y + d) for k, x, y in kept.spans[i + 1 :]]
         kept.data, kept.values, kept.spans = body, values, spans
         return values
 
