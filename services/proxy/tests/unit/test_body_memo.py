@@ -65,7 +65,7 @@ def test_values_changed_on_both_sides_of_unchanged_ones_leave_those_as_they_were
         (lambda b: {**b, "stream": True}, False),  # a new key
         (lambda b: {("toolz" if k == "tools" else k): v for k, v in b.items()}, False),  # a key, next to a value
         (lambda b: {**b, "system": "other"}, True),  # one other value
-        (lambda b: {**b, "system": "other", "tools": []}, False),  # two values side by side
+        (lambda b: {**b, "system": "other", "tools": []}, True),  # two values side by side
         (lambda b: {**b, "model": "n", "max_tokens": 2}, True),  # two values apart
         (lambda b: {k: b[k] for k in reversed(b)}, False),  # other order
         (lambda b: {**b, "max_tokens": 12}, True),  # a number, longer
@@ -79,6 +79,64 @@ def test_changes_outside_one_value_are_parsed_whole(change: Any, reused: bool) -
     _check(memo, orjson.dumps(base))
     _check(memo, orjson.dumps(change(base)))
     assert memo.reused == int(reused)
+
+
+def test_a_grown_list_parses_only_its_new_elements() -> None:
+    memo = BodyMemo()
+    messages: list[Any] = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [1.5, None]}]
+    first = _check(memo, orjson.dumps(_body(messages)))
+    for i in range(4):
+        messages = [*messages, {"role": "user", "content": f"u{i}"}]
+        got = _check(memo, orjson.dumps(_body(messages)))
+        # the earlier elements are the first parse's objects
+        assert all(x is y for x, y in zip(got["messages"], first["messages"], strict=False))
+    # an edit in the middle keeps the elements before it; a truncation keeps what is left
+    messages[3] = {"role": "user", "content": "edited"}
+    got = _check(memo, orjson.dumps(_body(messages)))
+    assert got["messages"][1] is first["messages"][1]
+    got = _check(memo, orjson.dumps(_body(messages[:2])))
+    assert got["messages"][0] is first["messages"][0]
+    _check(memo, orjson.dumps(_body([])))
+    _check(memo, orjson.dumps(_body(messages)))
+    assert memo.reused == 8
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (b'{"m":[1,2],"s":1}', b'{"m":[1,2,],"s":1}'),  # a trailing comma: not JSON
+        (b'{"m":[1,2],"s":1}', b'{"m":[1,2 ,3],"s":1}'),
+        (b'{"m":[12],"s":1}', b'{"m":[123],"s":1}'),  # an element that grew, not a new one
+        (b'{"m":[1,2],"s":1}', b'{"m":[1,2]3],"s":1}'),
+        (b'{"m":[[1],2],"s":1}', b'{"m":[[1]],2],"s":1}'),
+    ],
+)
+def test_list_tails_that_are_not_json_are_refused_or_parsed_whole(before: bytes, after: bytes) -> None:
+    memo = BodyMemo()
+    _check(memo, before)
+    try:
+        want = orjson.loads(after)
+    except orjson.JSONDecodeError:
+        with pytest.raises(orjson.JSONDecodeError):
+            memo.loads(after)
+    else:
+        assert orjson.dumps(memo.loads(after)) == orjson.dumps(want)
+
+
+def test_list_elements_not_in_orjson_form_are_never_taken_for_others() -> None:
+    # new elements written otherwise than orjson writes them, as long in all ("\u00fc" is 4
+    # bytes longer than "ü", 1E2 2 bytes shorter than 100.0): whatever comes next, each
+    # parse equals a whole parse
+    grown = b'{"m":[1,2,"\\u00fc",1E2,1E2],"s":1}'
+    assert len(orjson.dumps(orjson.loads(grown))) == len(grown)
+    items = ["1", "2", '"\\u00fc"', "1E2", "1E2"]
+    nexts = [b'{"m":[' + ",".join(items[:k] + tail).encode() + b'],"s":1}' for k in range(6) for tail in ([], ["7"])]
+    nexts += [b'{"m":[' + ",".join([*items[:k], "9", *items[k + 1 :]]).encode() + b'],"s":1}' for k in range(5)]
+    for after in nexts:
+        memo = BodyMemo()
+        _check(memo, b'{"m":[1,2],"s":1}')
+        _check(memo, grown)
+        _check(memo, after)
 
 
 def test_bodies_not_in_orjson_form_are_parsed_whole_every_time() -> None:
@@ -119,7 +177,8 @@ def test_two_threads_of_a_session_each_reuse_their_own_body() -> None:
         b = [*b, {"role": "user", "content": f"b{i}"}]
         _check(memo, orjson.dumps(_body(a, system="main " * 100)))
         _check(memo, orjson.dumps(_body(b, system="sub " * 100)))
-    assert memo.reused == 6  # all but each thread's first body
+    # all but the first body: the sub-agent's first one keeps the main thread's tools
+    assert memo.reused == 7
 
 
 def test_random_edits_parse_as_a_whole_parse() -> None:

@@ -26,6 +26,7 @@ harness sent). Canonical messages and tools are never changed once a protocol's
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from openforge_core.protowire import common_prefix, common_suffix
+from openforge_core.protowire import common_prefix, common_run, common_suffix
 from openforge_proxy.domain.conversation import Message, Tool
 
 #: Distinct tool lists kept by :func:`shared_tools`.
@@ -81,6 +82,7 @@ class _Body:
     data: bytes
     values: dict[str, Any]
     spans: list[tuple[str, int, int]]  # key, start and end of its value in data
+    ends: dict[str, list[int]]  # of a list value: where each element ends (from the value's start)
 
 
 class BodyMemo:
@@ -90,8 +92,10 @@ class BodyMemo:
     value: a value whose bytes are the kept value's, followed by the same bytes, is the kept
     parse's object (the same object: never change what a parse returns); any other value is
     parsed alone, from where the previous one ended to where the next key and the start of
-    its kept value are found (``memcmp`` and ``bytes.find``: the common prefix and suffix of
-    the two bodies bound where values can differ). JSON's grammar makes this exact: the keys
+    its kept value (else the key alone) are found (``memcmp`` and ``bytes.find``: the common
+    prefix and suffix of the two bodies bound where values can differ). A list value that
+    keeps the kept list's leading elements (a conversation that grew: ``messages``,
+    ``input``) parses only the elements after them. JSON's grammar makes this exact: the keys
     and separators are checked byte for byte, every value either equals the kept one's
     bytes or parses as exactly one JSON value (``orjson`` refuses trailing bytes, and no
     complete JSON value is a proper prefix of another except a number, which no separator
@@ -125,7 +129,8 @@ class BodyMemo:
         if type(parsed) is dict:
             spans = _spans(body, parsed)
             if spans is not None:
-                self._bodies.insert(0, _Body(body, parsed, spans))
+                ends = {k: e for k, a, _ in spans if (e := _element_ends(parsed[k], body, a)) is not None}
+                self._bodies.insert(0, _Body(body, parsed, spans, ends))
                 del self._bodies[BODIES_KEPT:]
         return parsed
 
@@ -140,6 +145,7 @@ class BodyMemo:
         view = memoryview(old)
         values: dict[str, Any] = {}
         spans: list[tuple[str, int, int]] = []
+        ends: dict[str, list[int]] = {}
         pos = prev = 0  # where the new body and the kept one are read
         for i, (key, a, b) in enumerate(kept.spans):
             if not body.startswith(view[prev:a], pos):  # the key and separators, as kept
@@ -152,24 +158,94 @@ class BodyMemo:
                 if body.startswith(after, pos + b - a):  # the same bytes, then what follows them
                     values[key] = kept.values[key]
                     spans.append((key, pos, pos + b - a))
+                    if key in kept.ends:
+                        ends[key] = kept.ends[key]
                     pos += b - a
                     continue
             if nxt is None:  # the last value ends where the kept closing bytes begin
                 end = len(body) - len(after) if body.endswith(after) else -1
-            else:  # ... else where the next key and the start of its kept value are
+            else:  # ... else where the next key and the start of its kept value are (or the key)
                 end = body.find(view[b : nxt[1] + min(_PROBE, nxt[2] - nxt[1])], pos)
+                if end < 0:
+                    end = body.find(view[b : nxt[1]], pos)
             if end <= pos:
                 return None
-            try:
-                values[key] = orjson.loads(memoryview(body)[pos:end])
-            except orjson.JSONDecodeError:
-                return None
+            old_ends = kept.ends.get(key)
+            grown = _grown_list(kept.values[key], old_ends, old, a, b, body, pos, end) if old_ends else None
+            if grown is not None:
+                values[key], new_ends = grown
+            else:
+                try:
+                    values[key] = orjson.loads(memoryview(body)[pos:end])
+                except orjson.JSONDecodeError:
+                    return None
+                new_ends = _element_ends(values[key], body, pos)
+            if new_ends is not None:
+                ends[key] = new_ends
             spans.append((key, pos, end))
             pos = end
         if body[pos:] != view[prev:]:
             return None
-        kept.data, kept.values, kept.spans = body, values, spans
+        kept.data, kept.values, kept.spans, kept.ends = body, values, spans, ends
         return values
+
+
+def _grown_list(
+    items: list[Any], ends: list[int], old: bytes, a: int, b: int, body: bytes, start: int, end: int
+) -> tuple[list[Any], list[int] | None] | None:
+    """A list value ``body[start:end]`` whose leading elements are those of the kept list
+    ``old[a:b]`` (element ``j`` ending at ``a + ends[j]``): those elements (the same objects)
+    and the rest parsed alone, with where each element ends; None when no element is shared or
+    the bytes after the shared ones do not continue a list.
+
+    The shared elements are the ones whose bytes and the byte before them lie in the two
+    values' common prefix; the bytes after them must be ``]`` or ``,`` and more elements,
+    which parse as those elements when ``[`` replaces the comma (a lone ``,]`` is refused:
+    it parses so, but is not JSON).
+    """
+    shared = common_run(old, a, body, start, min(b - a, end - start))
+    k = bisect_right(ends, shared)
+    if k == 0:
+        return None
+    at = start + ends[k - 1]  # after the last shared element
+    if end - at == 1 and body[at] == 0x5D:  # "]"
+        return items[:k], ends[:k]
+    if body[at : at + 1] != b"," or body[at + 1 : at + 2] == b"]":
+        return None
+    try:
+        tail = orjson.loads(b"[" + memoryview(body)[at + 1 : end])
+    except orjson.JSONDecodeError:
+        return None
+    out = items[:k] + tail
+    new_ends = ends[:k]
+    for item in tail:  # where each new element ends, if it is written as orjson writes it
+        one = orjson.dumps(item)
+        if not body.startswith(one, at + 1):
+            return out, None
+        at += 1 + len(one)
+        new_ends.append(at - start)
+    return out, new_ends if at + 1 == end else None
+
+
+def _element_ends(value: Any, body: bytes, start: int) -> list[int] | None:
+    """Where each element of a list value written at ``body[start:]`` ends (from ``start``),
+    when each is written as ``orjson`` writes it; else (or not a list) None."""
+    if type(value) is not list or body[start : start + 1] != b"[":
+        return None
+    if not value:
+        return [] if body[start + 1 : start + 2] == b"]" else None
+    ends: list[int] = []
+    at = start  # at "[" or the comma before the next element
+    try:
+        for item in value:
+            one = orjson.dumps(item)
+            if not body.startswith(one, at + 1):
+                return None
+            at += 1 + len(one)
+            ends.append(at - start)
+    except orjson.JSONEncodeError:
+        return None
+    return ends if body[at : at + 1] == b"]" else None
 
 
 def _spans(body: bytes, parsed: dict[str, Any]) -> list[tuple[str, int, int]] | None:
