@@ -26,6 +26,7 @@ harness sent). Canonical messages and tools are never changed once a protocol's
 
 from __future__ import annotations
 
+import operator
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable
@@ -302,7 +303,7 @@ class Resume:
     _head: bytes = b""
     _head_value: Any = None
     _entries: list[bytes] = field(default_factory=list)
-    _joined: bytes = b""
+    _objs: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -313,7 +314,6 @@ class ConversationMemo:
         head: The serialized value preceding the entries that their conversion depends on
             (Anthropic: ``system``; Chat Completions: none, ``null``); empty before the first request.
         raw: The entries, each serialized.
-        joined: The entry list serialized (``[`` + :attr:`raw` joined by commas + ``]``).
         base: Canonical messages converted from the head.
         ends: Canonical messages up to and including each entry of :attr:`raw`.
         messages: The canonical messages.
@@ -321,13 +321,13 @@ class ConversationMemo:
 
     head: bytes = b""
     raw: list[bytes] = field(default_factory=list)
-    joined: bytes = b""
     base: int = 0
     ends: list[int] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
     _head_value: Any = _NOTHING
     _tools_value: Any = _NOTHING
     _tools: list[Tool] = field(default_factory=list)
+    _objs: list[Any] = field(default_factory=list)  # the previous request's entry objects
 
     def tools(self, protocol: str, raw: Any, convert: Callable[[Any], list[Tool]]) -> list[Tool]:
         """:func:`shared_tools` of ``raw``; the previous request's list when ``raw`` is the same
@@ -341,15 +341,23 @@ class ConversationMemo:
     def resume(self, head: Any, raws: list[Any]) -> Resume:
         """What of a new request (``head``, entries ``raws``) the previous one's parse covers.
 
-        A conversation that only grew is recognized on the whole list's bytes (the previous
-        list's bytes without their ``]``, then a comma or the end), so only the new entries
-        are serialized one by one; otherwise every entry is, and compared in order.
+        A conversation that only grew is recognized by its leading entries being the previous
+        request's objects (a :class:`BodyMemo` parse keeps them), else on the whole list's
+        bytes (the previous list's bytes without their ``]``, then a comma or the end), so only
+        the new entries are serialized one by one; otherwise every entry is, and compared in
+        order.
         """
         # the same object as the previous head (a BodyMemo parse): the same JSON
         head_json = self.head if head is self._head_value else orjson.dumps(head)
-        joined = orjson.dumps(raws)
-        old, prev = self.raw, self.joined
-        if prev and joined.startswith(prev[:-1]) and (len(joined) == len(prev) or joined[len(prev) - 1] == 0x2C):
+        old, objs = self.raw, self._objs
+        if old and len(raws) >= len(objs) and all(map(operator.is_, raws, objs)):
+            entries = old + [orjson.dumps(r) for r in raws[len(old) :]]
+            k = len(old)
+        elif (
+            old
+            and (joined := orjson.dumps(raws)).startswith(prev := b"[" + b",".join(old))
+            and (len(joined) == len(prev) + 1 or joined[len(prev)] == 0x2C)
+        ):
             entries = old + [orjson.dumps(r) for r in raws[len(old) :]]
             k = len(old)
         else:
@@ -359,13 +367,13 @@ class ConversationMemo:
             while k < n and entries[k] == old[k]:
                 k += 1
         if not self.messages or head_json != self.head:
-            return Resume(0, [], [], {}, False, head_json, head, entries, joined)
+            return Resume(0, [], [], {}, False, head_json, head, entries, list(raws))
         messages = self.messages[: self.ends[k - 1] if k else self.base]
         names: dict[str, str] = {}
         for m in messages:
             if m.tool_calls:
                 names.update({tc.id: tc.name for tc in m.tool_calls})
-        return Resume(k, messages, self.ends[:k], names, True, head_json, head, entries, joined)
+        return Resume(k, messages, self.ends[:k], names, True, head_json, head, entries, list(raws))
 
     def commit(self, resume: Resume, messages: list[Message], ends: list[int], base: int) -> None:
         """Remembers a request parsed from ``resume`` (call only once it was accepted).
@@ -376,7 +384,7 @@ class ConversationMemo:
             ends: Canonical messages up to and including each entry.
             base: Canonical messages converted from the head.
         """
-        self.head, self.raw, self.joined = resume._head, resume._entries, resume._joined
+        self.head, self.raw, self._objs = resume._head, resume._entries, resume._objs
         self._head_value = resume._head_value
         self.base, self.ends, self.messages = base, ends, list(messages)
 
