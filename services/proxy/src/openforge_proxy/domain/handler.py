@@ -70,7 +70,8 @@ class Responder(Protocol):
     """How the core answers over HTTP."""
 
     async def send_json(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
-        """A complete JSON response."""
+        """A complete JSON response, sent before this returns (a client gone meanwhile is not
+        an error: it is simply not answered)."""
         ...
 
     async def begin_stream(self, headers: Mapping[str, str]) -> None:

@@ -28,6 +28,7 @@ incrementally (a small compressed body cannot expand past it).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import zlib
 from collections.abc import Mapping
@@ -70,7 +71,13 @@ class _Responder:
         self.response: web.StreamResponse | None = None
 
     async def send_json(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
-        self.response = web.Response(status=status, body=body, content_type="application/json", headers=headers)
+        # written now, not when the handler returns: what the handler does next (its log
+        # line) is not on the caller's wait
+        resp = web.Response(status=status, body=body, content_type="application/json", headers=headers)
+        self.response = resp
+        with contextlib.suppress(ConnectionResetError, ClientConnectionResetError):  # the client went away
+            await resp.prepare(self._request)
+            await resp.write_eof()
 
     async def begin_stream(self, headers: Mapping[str, str]) -> None:
         resp = web.StreamResponse(
