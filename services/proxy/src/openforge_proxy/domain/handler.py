@@ -57,6 +57,7 @@ EV_CALL_DONE = "call.done"
 EV_CALL_FAILED = "call.failed"
 EV_CLIENT_GONE = "call.client_gone"
 EV_RECORD_FAILED = "call.record_failed"
+EV_AFTER_FINISH = "call.engine_after_finish"
 
 #: Completion-token cap when neither the harness nor the session gives one.
 DEFAULT_MAX_TOKENS = 4096
@@ -210,6 +211,7 @@ class CallHandler:
         self._max_heads = max_heads
         self._default_max = default_max_tokens
         self._states: dict[str, SessionCalls] = {}
+        self._draining: set[asyncio.Future[None]] = set()
         sessions.on_end.append(self.forget)
 
     def forget(self, rollout_id: str) -> None:
@@ -475,15 +477,22 @@ class CallHandler:
                 sent.append(data)
                 await responder.write(data)
                 pre = _PreRecord.of(p, body, self._recorder)
-                async for delta in stream:
-                    data = gen.feed(delta, encoder)
-                    if data:
-                        sent.append(data)
-                        await responder.write(data)
+                if first.finish is None:
+                    async for delta in stream:
+                        data = gen.feed(delta, encoder)
+                        if data:
+                            sent.append(data)
+                            await responder.write(data)
+                        if delta.finish is not None:
+                            break
             else:
                 gen.feed(first, None)
-                async for delta in stream:
-                    gen.feed(delta, None)
+                if first.finish is None:
+                    async for delta in stream:
+                        gen.feed(delta, None)
+                        if delta.finish is not None:
+                            break
+            self._drain(stream, p.call_id)
             tail = gen.close(encoder if p.request.stream else None)
         except ClientGone:
             log.info(EV_CLIENT_GONE, call_id=p.call_id, attempt=p.attempt)
@@ -581,6 +590,23 @@ class CallHandler:
             finish=out.finish.value,
             break_cause=p.plan.report.break_cause.value,
         )
+
+    def _drain(self, stream: AsyncIterator[Delta], call_id: str) -> None:
+        """Reads a generation's stream to its end in the background once a delta said it finished:
+        the answer does not wait for the RPC's closing status, and the RPC still ends as the
+        engine ends it (not cancelled)."""
+
+        async def rest() -> None:
+            try:
+                async for delta in stream:
+                    if delta.token_ids:  # not part of the answer or the record
+                        log.warning(EV_AFTER_FINISH, call_id=call_id, tokens=len(delta.token_ids))
+            except (EngineUnavailable, EngineRejected) as exc:
+                log.warning(EV_AFTER_FINISH, call_id=call_id, error=str(exc))
+
+        task = asyncio.ensure_future(rest())
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
 
     def _finish_ids(self, p: _Prepared, out: AssistantOutput) -> None:
         if p.request.wire is WireApi.ANTHROPIC_MESSAGES:
