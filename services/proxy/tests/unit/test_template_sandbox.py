@@ -71,8 +71,10 @@ _MACROS = """\
 {{ x.role ~ sep }}{{ (x.content | string).upper() if upper else x.content }}{{ varargs | length }}{{ kwargs | length }}
 {%- endmacro -%}
 {%- macro wrap() -%}[{{ caller() }}]{%- endmacro -%}
+{%- macro boxed(x) -%}<{{ caller() if caller is defined else x }}>{%- endmacro -%}
 {%- for m in messages -%}
 {{ show(m) }}|{{ show(m, '=', upper=true) }}|{{ show(m, '-', false, 1, 2, extra=3) }}|{{ show(m, sep=loop.index) }}|
+{{- show(m, '+', true) }}|{{ boxed(m.role) }}|{% call boxed(m.role) %}called{% endcall %}|
 {%- call wrap() %}{{ loop.index0 }}{{ show(m) }}{% endcall -%}
 {%- endfor -%}
 {%- set ns = namespace(total=0) -%}

@@ -24,6 +24,7 @@ import jinja2
 import jinja2.ext
 from jinja2.runtime import Context, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from markupsafe import Markup
 
 from openforge_core.errors import FailedPrecondition
 
@@ -82,7 +83,10 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     ``SandboxedEnvironment.call`` and ``Context.call`` (Jinja 3.1) would do for it: pass the
     active eval context first (``Macro.__call__`` takes it, for autoescaping), drop the
     ``_loop_vars``/``_block_vars`` bookkeeping arguments, and turn a ``StopIteration`` into
-    an undefined value. Everything else goes through the sandbox unchanged.
+    an undefined value. A call with exactly the macro's positional arguments, of a macro
+    without ``caller``, ``varargs`` or ``kwargs``, is its function's call (wrapped in
+    ``Markup`` when autoescaping), which is all ``Macro.__call__`` does for it (Jinja 3.1.6).
+    Everything else goes through the sandbox unchanged.
     """
 
     def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
@@ -90,6 +94,14 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             kwargs.pop("_block_vars", None)
             kwargs.pop("_loop_vars", None)
             try:
+                if (
+                    not kwargs
+                    and len(args) == __obj._argument_count
+                    and not (__obj.caller or __obj.explicit_caller or __obj.catch_kwargs or __obj.catch_varargs)
+                    and not __self.is_async
+                ):  # what Macro.__call__ and Macro._invoke come to for exactly the macro's arguments
+                    rv = __obj._func(*args)
+                    return Markup(rv) if __context.eval_ctx.autoescape else rv
                 return __obj(__context.eval_ctx, *args, **kwargs)
             except StopIteration:
                 return __self.undefined("value was undefined because a callable raised a StopIteration exception")
