@@ -67,6 +67,15 @@ from openforge_proxy.domain.tokens import ChunkCache, IdsBuilder, PackedIds, Tok
 
 _NON_ALNUM = re.compile(r"[^0-9a-z]")
 _SENTINEL = "\ue000ofsplice{}\ue001"
+#: The template form of the k-th generated turn of a render (never changed: templates are
+#: sandboxed and cannot change what they are given).
+_SENTINEL_MESSAGES: list[dict[str, Any]] = []
+
+
+def _sentinel_message(k: int) -> dict[str, Any]:
+    while len(_SENTINEL_MESSAGES) <= k:
+        _SENTINEL_MESSAGES.append({"role": "assistant", "content": _SENTINEL.format(len(_SENTINEL_MESSAGES))})
+    return _SENTINEL_MESSAGES[k]
 #: Most user messages the model saw that may be missing before the anchor and still be kept.
 MAX_MOVED_MESSAGES = 2
 
@@ -543,7 +552,7 @@ class Splicer:
             if turn is None:
                 dicts.append(msg.template_dict())
             else:
-                dicts.append({"role": "assistant", "content": _SENTINEL.format(len(order))})
+                dicts.append(_sentinel_message(len(order)))
                 order.append(self.turns[turn])
         text = self._tpl.render(dicts, tool_dicts, add_generation_prompt=True, **self._kwargs)
         header = self._fam.assistant_header
