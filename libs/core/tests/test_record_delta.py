@@ -131,6 +131,21 @@ def test_bytes_cut_refuses_runs_that_do_not_fit() -> None:
     with pytest.raises(ValueError, match="a run at 0 of 2 carried bytes, after 1"):
         BytesCut(0, 0, b"ab", ((1, 0, 2), (0, 0, 2))).apply(base)
     assert BytesCut(1, 1, b"ab", ((1, 2, 3),)).apply(base) == b"0a234b9"
+    # runs repeat no base byte and stay between the prefix and the suffix, as between() makes them
+    with pytest.raises(ValueError, match=r"outside 4\.\.9"):
+        BytesCut(1, 1, b"ab", ((0, 2, 2), (1, 3, 2))).apply(base)
+    with pytest.raises(ValueError, match=r"a run of 2 bytes at 0 .* outside 1\.\.9"):
+        BytesCut(1, 1, b"ab", ((0, 0, 2),)).apply(base)
+    with pytest.raises(ValueError, match="rebuilt to 7 bytes, the delta says 8"):
+        BytesCut(1, 1, b"ab", ((1, 2, 3),)).apply(base, 8)
+
+
+def test_a_delta_that_would_repeat_its_base_is_refused_before_anything_is_built() -> None:
+    # a small record whose runs would copy a 1 MB base thousands of times (gigabytes)
+    base = bytes(range(256)) * 4096
+    cut = BytesCut(0, 0, b"", tuple((0, 0, len(base)) for _ in range(3000)))
+    with pytest.raises(ValueError, match="outside"):
+        cut.apply(base, cut.size)
 
 
 def _record(call_id: str, prompt: list[int], completion: list[int], request: bytes, canonical: bytes) -> bytes:

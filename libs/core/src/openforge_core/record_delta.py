@@ -99,22 +99,38 @@ class BytesCut:
         """Bytes of the full string."""
         return self.saved + len(self.middle)
 
-    def apply(self, base: bytes) -> bytes:
+    def apply(self, base: bytes, size: int | None = None) -> bytes:
         """The full byte string.
 
+        Args:
+            base: The base it was cut against.
+            size: The full string's size when known (a delta's own): checked before anything
+                is built.
+
         Raises:
-            ValueError: The base is shorter than the prefix and suffix together, or a run lies
-                outside the base or outside the carried bytes, or runs are out of order.
+            ValueError: The base is shorter than the prefix and suffix together; a run lies
+                outside the base's middle (between its prefix and suffix), overlaps or precedes
+                the previous run, or lies outside the carried bytes; or the string would not
+                be ``size`` bytes. Runs as :meth:`between` makes them never repeat base bytes,
+                so a rebuilt string is never longer than the base and the carried bytes.
         """
         if self.prefix + self.suffix > len(base):
             raise ValueError(f"base of {len(base)} bytes, delta takes {self.prefix} + {self.suffix}")
-        out = [base[: self.prefix]]
-        pos = 0
+        pos, after = 0, self.prefix  # carried bytes used, base bytes copied up to
         for at, offset, length in self.copies:
             if not pos <= at <= len(self.middle):
                 raise ValueError(f"a run at {at} of {len(self.middle)} carried bytes, after {pos}")
-            if offset + length > len(base):
-                raise ValueError(f"a run of {length} bytes at {offset} of a base of {len(base)}")
+            if offset < after or offset + length > len(base) - self.suffix:
+                raise ValueError(
+                    f"a run of {length} bytes at {offset} of a base of {len(base)}, outside "
+                    f"{after}..{len(base) - self.suffix}"
+                )
+            pos, after = at, offset + length
+        if size is not None and self.size != size:
+            raise ValueError(f"rebuilt to {self.size} bytes, the delta says {size}")
+        out = [base[: self.prefix]]
+        pos = 0
+        for at, offset, length in self.copies:
             out.append(self.middle[pos:at])
             out.append(base[offset : offset + length])
             pos = at
@@ -328,9 +344,10 @@ def expand_record(record: bytes, base: FullParts) -> bytes:
         ("request_json", REQUEST_JSON, delta.request_json, base.request_json),
         ("canonical_json", CANONICAL_JSON, delta.canonical_json, base.canonical_json),
     ):
-        value = BytesCut.of_proto(d, parts.get(num, b"")).apply(base_value)
-        if len(value) != d.size:
-            raise ValueError(f"{name} rebuilt to {len(value)} bytes, the delta says {d.size}")
+        try:
+            value = BytesCut.of_proto(d, parts.get(num, b"")).apply(base_value, d.size)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
         fields.append((num, value))
     out = [rest]
     for num, value in ((PROMPT, prompt), *fields):

@@ -603,6 +603,8 @@ class CallHandler:
                         log.warning(EV_AFTER_FINISH, call_id=call_id, tokens=len(delta.token_ids))
             except (EngineUnavailable, EngineRejected) as exc:
                 log.warning(EV_AFTER_FINISH, call_id=call_id, error=str(exc))
+            except Exception as exc:  # the answer is out: what went wrong after it is only logged
+                log.warning(EV_AFTER_FINISH, call_id=call_id, error=repr(exc))
 
         task = asyncio.ensure_future(rest())
         self._draining.add(task)

@@ -76,6 +76,8 @@ def _sentinel_message(k: int) -> dict[str, Any]:
     while len(_SENTINEL_MESSAGES) <= k:
         _SENTINEL_MESSAGES.append({"role": "assistant", "content": _SENTINEL.format(len(_SENTINEL_MESSAGES))})
     return _SENTINEL_MESSAGES[k]
+
+
 #: Most user messages the model saw that may be missing before the anchor and still be kept.
 MAX_MOVED_MESSAGES = 2
 
