@@ -109,6 +109,8 @@ def test_a_grown_list_parses_only_its_new_elements() -> None:
         (b'{"m":[12],"s":1}', b'{"m":[123],"s":1}'),  # an element that grew, not a new one
         (b'{"m":[1,2],"s":1}', b'{"m":[1,2]3],"s":1}'),
         (b'{"m":[[1],2],"s":1}', b'{"m":[[1]],2],"s":1}'),
+        (b'{"m":[1,2],"s":1}', b'{"m":[1,2, ],"s":1}'),  # a trailing comma, whitespace after it
+        (b'{"m":[1,2],"s":1}', b'{"m":[1,2,\n\t\r]}'),
     ],
 )
 def test_list_tails_that_are_not_json_are_refused_or_parsed_whole(before: bytes, after: bytes) -> None:
@@ -204,3 +206,36 @@ def test_random_edits_parse_as_a_whole_parse() -> None:
                 body = {k: body[k] for k in rng.sample(list(body), len(body))}
             _check(memo, orjson.dumps(body))
     assert memo.reused > 800
+
+
+def test_many_changed_values_are_parsed_whole() -> None:
+    # each changed value may cost a search to the end of the body: past a few, parse whole
+    memo = BodyMemo()
+    keys = [f"k{i}" for i in range(12)]
+    _check(memo, orjson.dumps(dict.fromkeys(keys, 1)))
+    _check(memo, orjson.dumps(dict.fromkeys(keys, 2)))  # all twelve changed
+    _check(memo, orjson.dumps({**dict.fromkeys(keys, 2), "k3": 3, "k9": 3}))  # two changed
+    assert memo.reused == 1
+
+
+def test_a_session_that_keeps_missing_tries_one_body_in_eight(monkeypatch: pytest.MonkeyPatch) -> None:
+    tries: list[int] = []
+    replace = BodyMemo._replace
+
+    def counted(kept: Any, body: bytes) -> Any:
+        tries.append(1)
+        return replace(kept, body)
+
+    monkeypatch.setattr(BodyMemo, "_replace", staticmethod(counted))
+    memo = BodyMemo()
+    # bodies with keys of their own: never one of the kept bodies
+    for i in range(40):
+        _check(memo, orjson.dumps({f"key{i}": i, "messages": [i]}))
+    assert memo.reused == 0
+    assert len(tries) <= 2 * (4 + 40 // 8)  # not two tries for every body
+    # a growing conversation is found again at the next try, and then every body is reused
+    messages: list[Any] = []
+    for i in range(20):
+        messages = [*messages, {"role": "user", "content": f"m{i}"}]
+        _check(memo, orjson.dumps({"messages": messages, "system": "s"}))
+    assert memo.reused >= 10

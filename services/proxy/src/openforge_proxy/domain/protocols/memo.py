@@ -74,6 +74,16 @@ _NOTHING: Any = object()  # no value yet (None is one)
 #: Bytes of the next value looked for after a changed one, to find where the changed one ends.
 _PROBE = 64
 
+#: Most top-level keys of a kept body (a request has a few dozen at most).
+_MAX_KEYS = 256
+#: Top-level values that may differ from a kept body's for it to be reused.
+_MAX_CHANGED = 8
+#: Longest list whose elements' ends are kept (each is serialized once to find them).
+_MAX_ELEMENTS = 10_000
+#: Bodies in a row parsed whole before a :class:`BodyMemo` tries only one in ``_RETRY_EVERY``.
+_MISSES_BEFORE_BACKOFF = 4
+_RETRY_EVERY = 8
+
 #: Bodies a :class:`BodyMemo` keeps (a session's threads: the main conversation, sub-agents).
 BODIES_KEPT = 2
 
@@ -113,21 +123,31 @@ class BodyMemo:
     def __init__(self) -> None:
         self._bodies: list[_Body] = []
         self.reused = 0
+        self._misses = 0  # bodies in a row parsed whole
 
     def loads(self, body: bytes) -> Any:
         """The parsed body (as ``orjson.loads``).
 
+        A session whose bodies keep missing (more threads than :data:`BODIES_KEPT`, or
+        changes this memo does not follow) stops trying but for one body in
+        :data:`_RETRY_EVERY`, so that it costs little more than parsing whole.
+
         Raises:
             orjson.JSONDecodeError: Not valid JSON (nothing is kept of it).
         """
+        if self._misses >= _MISSES_BEFORE_BACKOFF and self._misses % _RETRY_EVERY:
+            self._misses += 1
+            return orjson.loads(body)
         for i, kept in enumerate(self._bodies):
             values = self._replace(kept, body)
             if values is not None:
                 self.reused += 1
+                self._misses = 0
                 self._bodies.insert(0, self._bodies.pop(i))
                 return values
         parsed = orjson.loads(body)
-        if type(parsed) is dict:
+        self._misses += 1
+        if type(parsed) is dict and len(parsed) <= _MAX_KEYS:
             spans = _spans(body, parsed)
             if spans is not None:
                 ends = {k: e for k, a, _ in spans if (e := _element_ends(parsed[k], body, a)) is not None}
@@ -148,6 +168,7 @@ class BodyMemo:
         spans: list[tuple[str, int, int]] = []
         ends: dict[str, list[int]] = {}
         pos = prev = 0  # where the new body and the kept one are read
+        changed = 0
         for i, (key, a, b) in enumerate(kept.spans):
             if not body.startswith(view[prev:a], pos):  # the key and separators, as kept
                 return None
@@ -163,6 +184,9 @@ class BodyMemo:
                         ends[key] = kept.ends[key]
                     pos += b - a
                     continue
+            changed += 1
+            if changed > _MAX_CHANGED:  # each costs a search to the end of the body at worst
+                return None
             if nxt is None:  # the last value ends where the kept closing bytes begin
                 end = len(body) - len(after) if body.endswith(after) else -1
             else:  # ... else where the next key and the start of its kept value are (or the key)
@@ -217,6 +241,8 @@ def _grown_list(
         tail = orjson.loads(b"[" + memoryview(body)[at + 1 : end])
     except orjson.JSONDecodeError:
         return None
+    if not tail:  # a comma, maybe whitespace, then "]": not JSON
+        return None
     out = items[:k] + tail
     new_ends = ends[:k]
     for item in tail:  # where each new element ends, if it is written as orjson writes it
@@ -231,7 +257,7 @@ def _grown_list(
 def _element_ends(value: Any, body: bytes, start: int) -> list[int] | None:
     """Where each element of a list value written at ``body[start:]`` ends (from ``start``),
     when each is written as ``orjson`` writes it; else (or not a list) None."""
-    if type(value) is not list or body[start : start + 1] != b"[":
+    if type(value) is not list or len(value) > _MAX_ELEMENTS or body[start : start + 1] != b"[":
         return None
     if not value:
         return [] if body[start + 1 : start + 2] == b"]" else None
