@@ -57,10 +57,14 @@ def test_restrictions_and_dict_methods_are_unchanged() -> None:
         "{{ messages[0].missing is defined }}",
         "{{ messages[0].role }}|{{ messages[0]['role'] }}",
         "{{ messages[0].__class__ is defined }}",
+        # the loop's properties (returned without the sandbox's checks), its methods and internals
+        "{% for m in messages %}{{ loop.index0 }}{{ loop.index }}{{ loop.first }}{{ loop.last }}{{ loop.length }}"
+        "{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.depth }}{{ loop.depth0 }}{{ loop.previtem }}{{ loop.nextitem }}"
+        "{{ loop.cycle('a', 'b') }}{{ loop._iterator is defined }}{% endfor %}",
     ]
     for probe in probes:
-        got = tpl.ChatTemplate(probe).render([{"role": "user", "content": "x"}])
-        want = _plain(probe).render([{"role": "user", "content": "x"}])
+        got = tpl.ChatTemplate(probe).render([{"role": "user", "content": "x"}, {"role": "user", "content": "y"}])
+        want = _plain(probe).render([{"role": "user", "content": "x"}, {"role": "user", "content": "y"}])
         assert got == want
     with pytest.raises(jinja2.exceptions.SecurityError):
         tpl.ChatTemplate("{{ messages[0].clear() }}").render([{"role": "user", "content": "x"}])

@@ -63,6 +63,7 @@ from openforge_proxy.domain.conversation import Message, Tool, ToolCall, ToolKin
 from openforge_proxy.domain.families import Family
 from openforge_proxy.domain.output import AssistantOutput
 from openforge_proxy.domain.template import ChatTemplate
+from openforge_proxy.domain.template_loop import LoopCache
 from openforge_proxy.domain.tokens import ChunkCache, IdsBuilder, PackedIds, TokenizerCodec
 
 _NON_ALNUM = re.compile(r"[^0-9a-z]")
@@ -382,6 +383,7 @@ class Splicer:
         self._after: dict[tuple[str | None, str], list[str]] = {}  # (parent, fingerprint) -> turns
         self.heads: OrderedDict[str, Head] = OrderedDict()
         self._memo: _RenderMemo | None = None
+        self._loop_cache = LoopCache()  # the template's previous render (template_loop)
         self._tools: tuple[Sequence[Tool], tuple[str, list[dict[str, Any]]]] | None = None
 
     # --- matching -----------------------------------------------------------
@@ -556,7 +558,7 @@ class Splicer:
             else:
                 dicts.append(_sentinel_message(len(order)))
                 order.append(self.turns[turn])
-        text = self._tpl.render(dicts, tool_dicts, add_generation_prompt=True, **self._kwargs)
+        text = self._tpl.render(dicts, tool_dicts, add_generation_prompt=True, cache=self._loop_cache, **self._kwargs)
         header = self._fam.assistant_header
         eot = self._fam.end_of_turn
         order_ids = [g.turn_id for g in order]

@@ -22,11 +22,12 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
-from jinja2.runtime import Context, Macro
+from jinja2.runtime import Context, LoopContext, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from markupsafe import Markup
 
 from openforge_core.errors import FailedPrecondition
+from openforge_proxy.domain.template_loop import LoopCache, MessageLoop
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -66,6 +67,10 @@ def _strftime_now(fmt: str) -> str:
 
 #: Attributes of plain dicts (methods); any other ``obj.name`` on a plain dict is an item lookup.
 _DICT_ATTRS = frozenset(dir(dict))
+#: The properties of a ``loop`` variable (jinja2.runtime.LoopContext, Jinja 3.1).
+_LOOP_PROPERTIES = frozenset(
+    ("index0", "index", "first", "last", "length", "revindex", "revindex0", "depth", "depth0", "previtem", "nextitem")
+)
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
@@ -76,7 +81,9 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     ``AttributeError``, the item. For a plain ``dict`` and a name that is not an
     attribute of ``dict`` that attempt always fails, so the result is always the item (or
     undefined): returning it directly is the same value without raising and catching an
-    exception per lookup (a template reads several per message, every call).
+    exception per lookup (a template reads several per message, every call). The public
+    properties of a ``loop`` variable (``loop.first``, ``loop.index0``...) are safe
+    attributes the sandbox returns as they are; they are returned without its checks.
 
     A call of a macro the template defined (``render_content(message.content)``, once per
     message in Qwen-style templates) is always safe, so it is made directly, with what
@@ -113,6 +120,8 @@ class _Sandbox(ImmutableSandboxedEnvironment):
                 return obj[attribute]
             except (TypeError, LookupError):
                 return self.undefined(obj=obj, name=attribute)
+        if type(obj) is LoopContext and attribute in _LOOP_PROPERTIES:
+            return getattr(obj, attribute)  # public properties: the sandbox returns them as they are
         return super().getattr(obj, attribute)
 
 
@@ -137,6 +146,7 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise FailedPrecondition(f"the chat template does not compile: {exc}", reason="BAD_TEMPLATE") from exc
         self.source = source
+        self._loop = MessageLoop.of(env, source)
         self._special = dict(special_tokens or {})
         self._json: dict[int, tuple[Any, tuple[Any, ...], str]] = {}
         self._tools: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
@@ -183,20 +193,31 @@ class ChatTemplate:
         self._json[id(x)] = (x, opts, out)
         return out
 
+    @property
+    def incremental(self) -> bool:
+        """Whether a :class:`LoopCache` spares re-rendering earlier messages (see
+        :mod:`.template_loop`)."""
+        return self._loop is not None
+
     def render(
         self,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
         *,
         add_generation_prompt: bool = True,
+        cache: LoopCache | None = None,
         **kwargs: Any,
     ) -> str:
         """Renders a conversation to prompt text.
 
         Args:
-            messages: Messages as chat templates expect them.
+            messages: Messages as chat templates expect them (never changed afterwards, as
+                everything given to a render: ``cache`` compares them with the next call's).
             tools: Tool definitions, or None/empty for none.
             add_generation_prompt: Append the assistant header.
+            cache: The conversation's previous render: when the template qualifies, only the
+                loop iterations that may differ from it are rendered (:mod:`.template_loop`);
+                the text is the same.
             **kwargs: Extra template variables (``enable_thinking``...).
 
         Returns:
@@ -205,14 +226,18 @@ class ChatTemplate:
         Raises:
             jinja2.TemplateError: The template refused the conversation.
         """
-        return self._template.render(
-            messages=list(messages),
-            tools=list(tools) if tools else None,
-            documents=None,
-            add_generation_prompt=add_generation_prompt,
+        context = {
+            "tools": (tools if isinstance(tools, list) else list(tools)) if tools else None,
+            "documents": None,
+            "add_generation_prompt": add_generation_prompt,
             **self._special,
             **kwargs,
-        )
+        }
+        if cache is not None and self._loop is not None:
+            text = self._loop.render(cache, list(messages), context)
+            if text is not None:
+                return text
+        return self._template.render(messages=list(messages), **context)
 
     def generation_prompt(self, **kwargs: Any) -> str:
         """The text ``add_generation_prompt=True`` appends after a conversation."""

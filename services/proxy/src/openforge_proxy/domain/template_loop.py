@@ -1,0 +1,258 @@
+"""Rendering a chat template again for a grown conversation without re-running its message loop
+over the messages it already rendered.
+
+A chat template renders a conversation with one ``{% for message in messages %}`` loop between
+a head (system prompt, tools) and a tail (the generation prompt). Rendered again for the next
+call of a session, the loop produces the same text for every message but the last few, yet
+Jinja runs it over the whole conversation: at turn 100 of a Claude Code session that is most
+of a call's proxy time. This module proves, from the template's syntax tree, when an
+iteration's text depends only on its own message, the ``lookahead`` messages after it, the
+message before it, ``messages[0]``, its position (``loop.index0``, ``loop.index``,
+``loop.first``, ``loop.last``) and the render's other variables, and then renders only the
+iterations that can differ, reusing the text of the others from the previous render.
+
+What makes an iteration's text a function of those only (Jinja 3.1):
+
+* ``messages`` appears only as the loop's iterable, as ``messages[0]``, or inside the loop as
+  ``messages[loop.index0 + c]`` / ``messages[loop.index + c]`` (``c`` a constant);
+* ``loop`` inside the loop (outside nested loops) only as ``index0``, ``index``, ``first``,
+  ``last`` (not ``length``, ``revindex``, ``previtem``, ``nextitem``, ``cycle``, ``changed``);
+* no namespace attribute is assigned inside the loop or in a macro (``{% set ns.x = ... %}``
+  carries state from one iteration to the next; a plain ``{% set %}`` in a loop body does not:
+  Jinja starts every iteration without it);
+* no call of a global other than the template's macros, ``raise_exception``, ``range``,
+  ``namespace`` and ``dict`` (``strftime_now`` reads the clock), and no ``include``,
+  ``import``, ``extends`` or ``block``;
+* macros do not read ``messages``.
+
+The render's other variables (tools, ``add_generation_prompt``, template kwargs) must be the
+same objects or equal values as at the previous render, else everything is rendered. The head
+and the tail are always rendered (they are short, and may read ``messages[0]`` or the clock).
+Templates that do not qualify (Qwen3's, which finds the last user message with a loop of its
+own first) are always rendered whole.
+
+The derived template marks where each rendered iteration starts and where the loop ends with
+private-use characters; a render whose text holds those characters elsewhere (a message that
+contains them) is rendered whole by the original template instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jinja2
+from jinja2 import nodes
+
+#: Globals an iteration may call besides the template's macros (pure functions of their arguments).
+_PURE_CALLS = frozenset({"raise_exception", "range", "namespace", "dict"})
+#: ``loop`` attributes whose value depends only on an iteration's position.
+_POSITION = frozenset({"index0", "index", "first", "last"})
+_MARK_OPEN, _MARK_CLOSE, _END = "\ue004", "\ue005", "\ue006"
+_FROM, _MARK = "openforge_loop_from", "openforge_loop_mark"
+
+
+class _NotLocal(Exception):
+    """The template's message loop is not iteration-local (see the module docstring)."""
+
+
+@dataclass
+class LoopCache:
+    """One conversation's previous render (a session's splicer keeps one).
+
+    Attributes:
+        messages: The messages rendered (their template dicts).
+        bodies: The text of each loop iteration.
+        context: The other variables of that render.
+    """
+
+    messages: list[Mapping[str, Any]] = field(default_factory=list)
+    bodies: list[str] = field(default_factory=list)
+    context: dict[str, Any] | None = None
+    reused: int = 0
+
+
+class MessageLoop:
+    """The derived template of a qualifying chat template (:meth:`of`).
+
+    Attributes:
+        lookahead: How many messages after its own an iteration may read (at least 1:
+            ``loop.last`` changes when a message is appended).
+        lookbehind: How many before (the first iterations read from the end of the list).
+    """
+
+    def __init__(self, template: jinja2.Template, lookahead: int, lookbehind: int) -> None:
+        self._template = template
+        self.lookahead = lookahead
+        self.lookbehind = lookbehind
+
+    @staticmethod
+    def of(env: jinja2.Environment, source: str) -> MessageLoop | None:
+        """The derived template of ``source``, or None when its message loop does not qualify."""
+        tree = env.parse(source)
+        try:
+            loop, lookahead, lookbehind = _check(tree)
+        except _NotLocal:
+            return None
+
+        def index0() -> nodes.Getattr:
+            return nodes.Getattr(nodes.Name("loop", "load"), "index0", "load")
+
+        rendered = nodes.Or(
+            nodes.Compare(index0(), [nodes.Operand("gteq", nodes.Name(_FROM, "load"))]),
+            nodes.Compare(index0(), [nodes.Operand("lt", nodes.Const(lookbehind))]),
+        )
+        mark = nodes.Output([nodes.Call(nodes.Name(_MARK, "load"), [index0()], [], None, None)])
+        loop.body = [nodes.If(rendered, [mark, *loop.body], [], [])]
+        at = tree.body.index(loop)
+        tree.body.insert(at + 1, nodes.Output([nodes.TemplateData(_END)]))
+        tree.set_lineno(loop.lineno)
+        tree.set_environment(env)
+        return MessageLoop(env.from_string(tree), lookahead, lookbehind)
+
+    def render(self, cache: LoopCache, messages: Sequence[Mapping[str, Any]], context: dict[str, Any]) -> str | None:
+        """The template's text for ``messages`` and the other variables ``context``, rendering
+        only the iterations that may differ from ``cache``'s render; updates ``cache``. None
+        when the text holds the marks' characters (render it with the original template)."""
+        start = 0
+        if cache.context is not None and _same(cache.context, context):
+            old = cache.messages
+            n = min(len(old), len(messages))
+            same = 0
+            while same < n and (messages[same] is old[same] or messages[same] == old[same]):
+                same += 1
+            start = max(0, same - self.lookahead)
+        first = min(self.lookbehind, start)  # these read from the end of the list: rendered too
+        rendered = [*range(first), *range(start, len(messages))]
+        text = self._template.render(**context, messages=messages, **{_FROM: start, _MARK: _mark})
+        parts = _split(text, rendered)
+        if parts is None:
+            cache.context = None
+            return None
+        head, texts, tail = parts
+        bodies = texts[:first] + cache.bodies[first:start] + texts[first:]
+        cache.messages, cache.bodies, cache.context = list(messages), bodies, dict(context)
+        cache.reused += start - first
+        return "".join([head, *bodies, tail])
+
+
+def _mark(i: int) -> str:
+    return f"{_MARK_OPEN}{i}{_MARK_CLOSE}"
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(a[k] is b[k] or a[k] == b[k] for k in a)
+
+
+def _split(text: str, rendered: list[int]) -> tuple[str, list[str], str] | None:
+    """(head, the texts of the ``rendered`` iterations, tail) of a marked render, or None unless
+    the marks are exactly where the derived template put them (each once, in order, before the
+    loop's end, and no other mark character anywhere)."""
+    n = len(rendered)
+    if text.count(_END) != 1 or text.count(_MARK_OPEN) != n or text.count(_MARK_CLOSE) != n:
+        return None
+    end = text.index(_END)
+    marks = [text.find(_mark(i)) for i in rendered]
+    if any(m < 0 for m in marks) or marks != sorted(marks) or (marks and marks[-1] > end):
+        return None
+    head = text[: marks[0]] if marks else text[:end]
+    texts = []
+    for j, i in enumerate(rendered):
+        body_end = marks[j + 1] if j + 1 < n else end
+        texts.append(text[marks[j] + len(_mark(i)) : body_end])
+    return head, texts, text[end + len(_END) :]
+
+
+def _check(tree: nodes.Template) -> tuple[nodes.For, int, int]:
+    """The template's message loop, its lookahead and lookbehind, if it qualifies; raises
+    :class:`_NotLocal`."""
+    for bad in (nodes.Extends, nodes.Include, nodes.Import, nodes.FromImport, nodes.Block):
+        if any(True for _ in tree.find_all(bad)):
+            raise _NotLocal(bad.__name__)
+    loops = [f for f in tree.find_all(nodes.For) if isinstance(f.iter, nodes.Name) and f.iter.name == "messages"]
+    if len(loops) != 1 or loops[0] not in tree.body:
+        raise _NotLocal("not one top-level loop over messages")
+    loop = loops[0]
+    if loop.recursive or loop.else_ or loop.test is not None or not isinstance(loop.target, nodes.Name):
+        raise _NotLocal("loop form")
+    macros = {m.name for m in tree.body if isinstance(m, nodes.Macro)}
+    walker = _Walker(macros, loop)
+    for node in tree.body:
+        if node is loop:
+            walker.visit(loop.target, in_loop=False)
+            for child in loop.body:
+                walker.visit(child, in_loop=True)
+        elif isinstance(node, nodes.Macro):
+            walker.visit(node, in_loop=False, in_macro=True)
+        else:
+            walker.visit(node, in_loop=False)
+    return loop, max(1, walker.lookahead), max(0, -walker.lookbehind)
+
+
+class _Walker:
+    def __init__(self, macros: set[str], loop: nodes.For) -> None:
+        self.macros = macros
+        self.loop = loop
+        self.lookahead = 0
+        self.lookbehind = 0  # the most negative offset
+
+    def visit(self, node: nodes.Node, *, in_loop: bool, in_macro: bool = False) -> None:
+        """``in_loop``: directly in the message loop (``loop`` is its loop)."""
+        if isinstance(node, nodes.Name):
+            if node.name == "messages":
+                raise _NotLocal("messages used otherwise")
+            if node.name == "loop" and in_loop:
+                raise _NotLocal("loop used otherwise")
+            if node.name == "strftime_now":
+                raise _NotLocal("the clock")
+            return
+        if isinstance(node, nodes.Getitem) and isinstance(node.node, nodes.Name) and node.node.name == "messages":
+            if in_macro:
+                raise _NotLocal("messages in a macro")
+            if isinstance(node.arg, nodes.Const) and node.arg.value == 0:
+                return
+            if not in_loop:
+                raise _NotLocal("messages indexed outside the loop")
+            offset = _offset(node.arg)
+            self.lookahead = max(self.lookahead, offset)
+            self.lookbehind = min(self.lookbehind, offset)
+            return
+        if isinstance(node, nodes.Getattr) and isinstance(node.node, nodes.Name) and node.node.name == "loop":
+            if in_loop and node.attr not in _POSITION:
+                raise _NotLocal(f"loop.{node.attr}")
+            return
+        if isinstance(node, (nodes.Assign, nodes.AssignBlock)) and isinstance(node.target, nodes.NSRef):
+            if in_loop or in_macro or self._inside_loop:
+                raise _NotLocal("a namespace assigned in the loop or a macro")
+        if isinstance(node, nodes.Call) and isinstance(node.node, nodes.Name):
+            name = node.node.name
+            if name not in self.macros and name not in _PURE_CALLS:
+                raise _NotLocal(f"a call of {name}")
+        if isinstance(node, nodes.For):  # a nested loop: its iterable is read here, its body has its own loop
+            self.visit(node.iter, in_loop=in_loop, in_macro=in_macro)
+            if node.test is not None:
+                self.visit(node.test, in_loop=False, in_macro=in_macro)
+            outer = self._inside_loop
+            self._inside_loop = outer or in_loop
+            for child in (node.target, *node.body, *node.else_):
+                self.visit(child, in_loop=False, in_macro=in_macro)
+            self._inside_loop = outer
+            return
+        for child in node.iter_child_nodes():
+            self.visit(child, in_loop=in_loop, in_macro=in_macro)
+
+    _inside_loop = False
+
+
+def _offset(arg: nodes.Expr) -> int:
+    """The constant ``c`` of an index ``loop.index0 + c`` (``loop.index`` is ``loop.index0 + 1``)."""
+    if isinstance(arg, nodes.Getattr) and isinstance(arg.node, nodes.Name) and arg.node.name == "loop":
+        if arg.attr == "index0":
+            return 0
+        if arg.attr == "index":
+            return 1
+    if isinstance(arg, (nodes.Add, nodes.Sub)) and isinstance(arg.right, nodes.Const) and type(arg.right.value) is int:
+        base = _offset(arg.left)
+        return base + arg.right.value if isinstance(arg, nodes.Add) else base - arg.right.value
+    raise _NotLocal("messages indexed by something else than the loop's position")

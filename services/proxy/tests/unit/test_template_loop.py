@@ -1,0 +1,132 @@
+"""Re-rendering only the loop iterations that may differ (template_loop) gives the full render's text.
+
+Every render with a :class:`LoopCache` is compared with a render of the same conversation by
+the original template, over conversations that grow, are edited, truncated and change their
+tools, for the fake Hermes template and for templates made to read neighbours, the list's
+end, ``messages[0]`` and the loop's position.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+import pytest
+
+from openforge_proxy.domain.template import ChatTemplate
+from openforge_proxy.domain.template_loop import LoopCache
+from openforge_testing.fakes import TEMPLATES
+
+TOOLS = [{"type": "function", "function": {"name": "Bash", "parameters": {"type": "object"}}}]
+
+_NEIGHBOURS = (
+    "{{ messages[0].content }}|"
+    "{%- for message in messages %}"
+    "[{{ loop.index0 }}{{ 'F' if loop.first }}{{ 'L' if loop.last }}:{{ message.role }}"
+    "<{{ messages[loop.index0 - 1].role }}>"  # at 0: the LAST message
+    "{%- if not loop.last %}>{{ messages[loop.index0 + 1].role }}{% endif %}"
+    "{%- if loop.index0 + 2 < 999 %}>>{{ messages[loop.index + 1].content if messages[loop.index + 1] is defined }}"
+    "{% endif %}{% set x = message.content %}{{ x }}]"
+    "{%- endfor %}{{ '|gen' if add_generation_prompt }}"
+)
+
+_REJECTED = {
+    "two loops": "{% for m in messages %}{% endfor %}{% for message in messages %}{{ message.role }}{% endfor %}",
+    "length": "{% for message in messages %}{{ loop.length }}{% endfor %}",
+    "revindex": "{% for message in messages %}{{ loop.revindex }}{% endfor %}",
+    "nextitem": "{% for message in messages %}{{ loop.nextitem }}{% endfor %}",
+    "last message": "{% for message in messages %}{{ messages[-1].role }}{% endfor %}",
+    "messages filter": "{% for message in messages %}{{ messages | length }}{% endfor %}",
+    "namespace": (
+        "{% set ns = namespace(n=0) %}{% for message in messages %}{% set ns.n = ns.n + 1 %}{{ ns.n }}{% endfor %}"
+    ),
+    "nested namespace": (
+        "{% set ns = namespace(n=0) %}{% for message in messages %}{% for c in message.content %}"
+        "{% set ns.n = 1 %}{% endfor %}{{ ns.n }}{% endfor %}"
+    ),
+    "clock": "{% for message in messages %}{{ strftime_now('%d') }}{% endfor %}",
+    "macro reads messages": (
+        "{% macro m() %}{{ messages[0] }}{% endmacro %}{% for message in messages %}{{ m() }}{% endfor %}"
+    ),
+    "loop in an if": "{% if true %}{% for message in messages %}{{ message.role }}{% endfor %}{% endif %}",
+    "loop passed": "{% macro m(l) %}{{ l.length }}{% endmacro %}{% for message in messages %}{{ m(loop) }}{% endfor %}",
+    "indexed by content": "{% for message in messages %}{{ messages[message.n].role }}{% endfor %}",
+}
+
+
+def _message(rng: random.Random, i: int) -> dict[str, Any]:
+    role = rng.choice(["user", "assistant", "tool", "tool", "system"])
+    msg: dict[str, Any] = {
+        "role": role,
+        "content": rng.choice([f"c{i}", [{"type": "text", "text": f"p{i}"}], None, ""]),
+    }
+    if role == "assistant" and rng.random() < 0.5:
+        msg["tool_calls"] = [{"type": "function", "function": {"name": "Bash", "arguments": {"n": i}}}]
+        msg["reasoning_content"] = rng.choice([None, f"r{i}"])
+    return msg
+
+
+@pytest.mark.parametrize("name", ["hermes", "neighbours"])
+def test_incremental_renders_equal_full_renders(name: str) -> None:
+    source = TEMPLATES[name] if name in TEMPLATES else _NEIGHBOURS
+    tpl = ChatTemplate(source)
+    assert tpl.incremental
+    rng = random.Random(5)
+    reused = 0
+    for _ in range(60):
+        cache = LoopCache()
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}]
+        tools: list[Any] | None = TOOLS
+        for _ in range(30):
+            op = rng.random()
+            if op < 0.55:
+                messages = [*messages, *(_message(rng, len(messages) + k) for k in range(rng.randint(1, 3)))]
+            elif op < 0.7 and len(messages) > 1:
+                k = rng.randrange(len(messages))
+                messages = [*messages[:k], _message(rng, 1000 + k), *messages[k + 1 :]]
+            elif op < 0.8:
+                messages = messages[: rng.randint(0, len(messages))]
+            elif op < 0.9:
+                tools = rng.choice([None, TOOLS, copy.deepcopy(TOOLS)])
+            gen = rng.random() < 0.9
+            try:
+                want = tpl.render(copy.deepcopy(messages), tools, add_generation_prompt=gen)
+            except Exception as exc:  # the template refuses this conversation: so must the cached render
+                with pytest.raises(type(exc)):
+                    tpl.render(messages, tools, add_generation_prompt=gen, cache=cache)
+                continue
+            assert tpl.render(messages, tools, add_generation_prompt=gen, cache=cache) == want
+        reused += cache.reused
+    assert reused > 5000  # iterations not rendered again
+
+
+@pytest.mark.parametrize("name", sorted(_REJECTED))
+def test_templates_whose_iterations_are_not_local_are_rendered_whole(name: str) -> None:
+    tpl = ChatTemplate(_REJECTED[name])
+    assert not tpl.incremental
+    # the cache changes nothing then
+    messages = [{"role": "user", "content": "a", "n": 0}, {"role": "assistant", "content": "b", "n": 1}]
+    cache = LoopCache()
+    for _ in range(2):
+        try:
+            want = tpl.render(messages)
+        except Exception as exc:  # some probes fail in the reference too: so must they here
+            with pytest.raises(type(exc)):
+                tpl.render(messages, cache=cache)
+        else:
+            assert tpl.render(messages, cache=cache) == want
+    assert cache.reused == 0
+
+
+def test_qwen3_which_scans_the_messages_first_is_rendered_whole() -> None:
+    assert not ChatTemplate(TEMPLATES["qwen3"]).incremental
+
+
+def test_a_message_holding_the_marks_is_rendered_by_the_original_template() -> None:
+    tpl = ChatTemplate(TEMPLATES["hermes"])
+    cache = LoopCache()
+    messages = [{"role": "user", "content": "hi"}, {"role": "user", "content": "\ue0040\ue005 \ue006"}]
+    assert tpl.render(messages, cache=cache) == tpl.render(messages)
+    more = [*messages, {"role": "user", "content": "next"}]
+    assert tpl.render(more, cache=cache) == tpl.render(more)
