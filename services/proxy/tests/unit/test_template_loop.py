@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from openforge_proxy.domain import template_loop
 from openforge_proxy.domain.template import ChatTemplate
 from openforge_proxy.domain.template_loop import LoopCache
 from openforge_testing.fakes import TEMPLATES
@@ -123,10 +124,18 @@ def test_qwen3_which_scans_the_messages_first_is_rendered_whole() -> None:
     assert not ChatTemplate(TEMPLATES["qwen3"]).incremental
 
 
-def test_a_message_holding_the_marks_is_rendered_by_the_original_template() -> None:
+def test_messages_holding_mark_characters_render_as_the_original_template(monkeypatch: pytest.MonkeyPatch) -> None:
     tpl = ChatTemplate(TEMPLATES["hermes"])
     cache = LoopCache()
-    messages = [{"role": "user", "content": "hi"}, {"role": "user", "content": "\ue0040\ue005 \ue006"}]
+    messages = [{"role": "user", "content": "hi"}, {"role": "user", "content": "\ue004x:1\ue005 \ue006x\ue006"}]
     assert tpl.render(messages, cache=cache) == tpl.render(messages)
-    more = [*messages, {"role": "user", "content": "next"}]
+    more = [*messages, {"role": "user", "content": "next"}, {"role": "user", "content": "\ue004"}]
     assert tpl.render(more, cache=cache) == tpl.render(more)
+    more = [*more, {"role": "user", "content": "and next"}]
+    assert tpl.render(more, cache=cache) == tpl.render(more)
+    assert cache.reused > 0
+    # marks not found: the original template renders it, and the cache starts over
+    monkeypatch.setattr(template_loop, "_split", lambda text, rendered: None)
+    again = [*more, {"role": "user", "content": "again"}]
+    assert tpl.render(again, cache=cache) == tpl.render(again)
+    assert cache.context is None

@@ -32,12 +32,14 @@ Templates that do not qualify (Qwen3's, which finds the last user message with a
 own first) are always rendered whole.
 
 The derived template marks where each rendered iteration starts and where the loop ends with
-private-use characters; a render whose text holds those characters elsewhere (a message that
-contains them) is rendered whole by the original template instead.
+private-use characters around a random nonce of the process (never part of a prompt, so no
+message can hold it); a render whose marks are not found is rendered whole by the original
+template instead.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +51,11 @@ from jinja2 import nodes
 _PURE_CALLS = frozenset({"raise_exception", "range", "namespace", "dict"})
 #: ``loop`` attributes whose value depends only on an iteration's position.
 _POSITION = frozenset({"index0", "index", "first", "last"})
-_MARK_OPEN, _MARK_CLOSE, _END = "\ue004", "\ue005", "\ue006"
+#: Marks of the derived template's output: private-use characters around a random nonce of
+#: this process, which never leaves it (the marks are cut out of the text), so no message can
+#: hold one.
+_NONCE = secrets.token_hex(8)
+_END = f"\ue006{_NONCE}\ue006"
 _FROM, _MARK = "openforge_loop_from", "openforge_loop_mark"
 
 
@@ -138,7 +144,7 @@ class MessageLoop:
 
 
 def _mark(i: int) -> str:
-    return f"{_MARK_OPEN}{i}{_MARK_CLOSE}"
+    return f"\ue004{_NONCE}:{i}\ue005"
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -146,22 +152,23 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def _split(text: str, rendered: list[int]) -> tuple[str, list[str], str] | None:
-    """(head, the texts of the ``rendered`` iterations, tail) of a marked render, or None unless
-    the marks are exactly where the derived template put them (each once, in order, before the
-    loop's end, and no other mark character anywhere)."""
-    n = len(rendered)
-    if text.count(_END) != 1 or text.count(_MARK_OPEN) != n or text.count(_MARK_CLOSE) != n:
+    """(head, the texts of the ``rendered`` iterations, tail) of a marked render, or None when a
+    mark is missing. The marks are looked for from the end (the head, mostly the system prompt
+    and the tools, is the longest part and is not searched)."""
+    end = text.rfind(_END)
+    if end < 0:
         return None
-    end = text.index(_END)
-    marks = [text.find(_mark(i)) for i in rendered]
-    if any(m < 0 for m in marks) or marks != sorted(marks) or (marks and marks[-1] > end):
-        return None
-    head = text[: marks[0]] if marks else text[:end]
     texts = []
-    for j, i in enumerate(rendered):
-        body_end = marks[j + 1] if j + 1 < n else end
-        texts.append(text[marks[j] + len(_mark(i)) : body_end])
-    return head, texts, text[end + len(_END) :]
+    stop = end
+    for i in reversed(rendered):
+        mark = _mark(i)
+        at = text.rfind(mark, 0, stop)
+        if at < 0:
+            return None
+        texts.append(text[at + len(mark) : stop])
+        stop = at
+    texts.reverse()
+    return text[:stop], texts, text[end + len(_END) :]
 
 
 def _check(tree: nodes.Template) -> tuple[nodes.For, int, int]:
