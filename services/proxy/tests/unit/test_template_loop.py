@@ -47,6 +47,9 @@ _REJECTED = {
         "{% set ns.n = 1 %}{% endfor %}{{ ns.n }}{% endfor %}"
     ),
     "clock": "{% for message in messages %}{{ strftime_now('%d') }}{% endfor %}",
+    "cycler": "{% set c = cycler('a', 'b') %}{% for message in messages %}{{ c.next() }}{% endfor %}",
+    "joiner": "{% set j = joiner(',') %}{% for message in messages %}{{ j() }}{% endfor %}",
+    "chance": "{% for message in messages %}{{ [1, 1] | random }}{% endfor %}",
     "macro reads messages": (
         "{% macro m() %}{{ messages[0] }}{% endmacro %}{% for message in messages %}{{ m() }}{% endfor %}"
     ),

@@ -21,8 +21,10 @@ What makes an iteration's text a function of those only (Jinja 3.1):
   carries state from one iteration to the next; a plain ``{% set %}`` in a loop body does not:
   Jinja starts every iteration without it);
 * no call of a global other than the template's macros, ``raise_exception``, ``range``,
-  ``namespace`` and ``dict`` (``strftime_now`` reads the clock), and no ``include``,
-  ``import``, ``extends`` or ``block``;
+  ``namespace`` and ``dict``, no mention anywhere of ``strftime_now`` (the clock),
+  ``cycler`` and ``joiner`` (objects whose methods keep state from one iteration to the
+  next), ``lipsum`` or the ``random`` filter, and no ``include``, ``import``, ``extends``
+  or ``block``;
 * macros do not read ``messages``.
 
 The render's other variables (tools, ``add_generation_prompt``, template kwargs) must be the
@@ -49,6 +51,9 @@ from jinja2 import nodes
 
 #: Globals an iteration may call besides the template's macros (pure functions of their arguments).
 _PURE_CALLS = frozenset({"raise_exception", "range", "namespace", "dict"})
+#: Globals whose values change by themselves: the clock, chance, and objects that keep state
+#: from one call of their methods to the next (``cycler().next()``, a ``joiner``).
+_STATEFUL = frozenset({"strftime_now", "cycler", "joiner", "lipsum"})
 #: ``loop`` attributes whose value depends only on an iteration's position.
 _POSITION = frozenset({"index0", "index", "first", "last"})
 #: Marks of the derived template's output: private-use characters around a random nonce of
@@ -211,9 +216,11 @@ class _Walker:
                 raise _NotLocal("messages used otherwise")
             if node.name == "loop" and in_loop:
                 raise _NotLocal("loop used otherwise")
-            if node.name == "strftime_now":
-                raise _NotLocal("the clock")
+            if node.name in _STATEFUL:
+                raise _NotLocal(f"{node.name} (state or chance)")
             return
+        if isinstance(node, nodes.Filter) and node.name == "random":
+            raise _NotLocal("chance")
         if isinstance(node, nodes.Getitem) and isinstance(node.node, nodes.Name) and node.node.name == "messages":
             if in_macro:
                 raise _NotLocal("messages in a macro")
