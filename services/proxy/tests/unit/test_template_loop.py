@@ -56,6 +56,15 @@ _REJECTED = {
     "loop in an if": "{% if true %}{% for message in messages %}{{ message.role }}{% endfor %}{% endif %}",
     "loop passed": "{% macro m(l) %}{{ l.length }}{% endmacro %}{% for message in messages %}{{ m(loop) }}{% endfor %}",
     "indexed by content": "{% for message in messages %}{{ messages[message.n].role }}{% endfor %}",
+    # where ``loop`` is still the message loop: a nested loop's else block and filter
+    "nested else": "{% for message in messages %}{% for x in [] %}{% else %}{{ loop.length }}{% endfor %}{% endfor %}",
+    "nested filter": "{% for message in messages %}{% for x in [1] if loop.revindex > 2 %}R{% endfor %}{% endfor %}",
+    "nested macro": (
+        "{% set ns = namespace(x='') %}{% if true %}{% macro m() %}{% set ns.x = ns.x ~ 'a' %}{{ ns.x }}"
+        "{% endmacro %}{% endif %}{% for message in messages %}{{ dict(f=m).f() }}{% endfor %}"
+    ),
+    "break": "{% for message in messages %}{% if message.role == 'x' %}{% break %}{% endif %}.{% endfor %}",
+    "private name": "{% for message in messages %}{{ openforge_loop_from }}{% endfor %}",
 }
 
 
@@ -142,3 +151,21 @@ def test_messages_holding_mark_characters_render_as_the_original_template(monkey
     again = [*more, {"role": "user", "content": "again"}]
     assert tpl.render(again, cache=cache) == tpl.render(again)
     assert cache.context is None
+
+
+def test_values_equal_to_python_but_rendered_otherwise_are_rendered_again() -> None:
+    source = "{% for message in messages %}{{ message.args | tojson }}{{ effort }}|{% endfor %}"
+    tpl = ChatTemplate(source)
+    assert tpl.incremental
+    cache = LoopCache()
+    first: list[dict[str, Any]] = [{"args": {"a": 1, "b": 2}}, {"args": 0.0}, {"args": True}]
+    second: list[dict[str, Any]] = [{"args": {"b": 2, "a": 1}}, {"args": -0.0}, {"args": 1}, {"args": None}]
+    runs: list[tuple[list[dict[str, Any]], float]] = [
+        (first, 1),
+        (second, 1),
+        (second, 1.0),
+        ([*second, {"args": 2}], 1.0),
+    ]
+    for messages, effort in runs:
+        want = tpl.render(copy.deepcopy(messages), effort=effort)
+        assert tpl.render(messages, cache=cache, effort=effort) == want

@@ -19,7 +19,8 @@ What makes an iteration's text a function of those only (Jinja 3.1):
   ``last`` (not ``length``, ``revindex``, ``previtem``, ``nextitem``, ``cycle``, ``changed``);
 * no namespace attribute is assigned inside the loop or in a macro (``{% set ns.x = ... %}``
   carries state from one iteration to the next; a plain ``{% set %}`` in a loop body does not:
-  Jinja starts every iteration without it);
+  Jinja starts every iteration without it); macros are defined at the top level only, and
+  no ``{% break %}`` leaves the loop;
 * no call of a global other than the template's macros, ``raise_exception``, ``range``,
   ``namespace`` and ``dict``, no mention anywhere of ``strftime_now`` (the clock),
   ``cycler`` and ``joiner`` (objects whose methods keep state from one iteration to the
@@ -28,7 +29,9 @@ What makes an iteration's text a function of those only (Jinja 3.1):
 * macros do not read ``messages``.
 
 The render's other variables (tools, ``add_generation_prompt``, template kwargs) must be the
-same objects or equal values as at the previous render, else everything is rendered. The head
+same objects or equal values as at the previous render, else everything is rendered; values
+and messages are compared strictly (types, key order, the sign of zero), since ``1`` and
+``1.0`` are equal to Python but not to ``tojson``. The head
 and the tail are always rendered (they are short, and may read ``messages[0]`` or the clock).
 Templates that do not qualify (Qwen3's, which finds the last user message with a loop of its
 own first) are always rendered whole.
@@ -82,6 +85,7 @@ class LoopCache:
     bodies: list[str] = field(default_factory=list)
     context: dict[str, Any] | None = None
     reused: int = 0
+    off: bool = False
 
 
 class MessageLoop:
@@ -126,20 +130,22 @@ class MessageLoop:
         """The template's text for ``messages`` and the other variables ``context``, rendering
         only the iterations that may differ from ``cache``'s render; updates ``cache``. None
         when the text holds the marks' characters (render it with the original template)."""
+        if cache.off or _FROM in context or _MARK in context:
+            return None
         start = 0
         if cache.context is not None and _same(cache.context, context):
             old = cache.messages
             n = min(len(old), len(messages))
             same = 0
-            while same < n and (messages[same] is old[same] or messages[same] == old[same]):
+            while same < n and (messages[same] is old[same] or _equal(messages[same], old[same])):
                 same += 1
             start = max(0, same - self.lookahead)
         first = min(self.lookbehind, start)  # these read from the end of the list: rendered too
         rendered = [*range(first), *range(start, len(messages))]
         text = self._template.render(**context, messages=messages, **{_FROM: start, _MARK: _mark})
         parts = _split(text, rendered)
-        if parts is None:
-            cache.context = None
+        if parts is None:  # not seen with a template that qualifies; if it were, stop trying
+            cache.context, cache.off = None, True
             return None
         head, texts, tail = parts
         bodies = texts[:first] + cache.bodies[first:start] + texts[first:]
@@ -153,7 +159,24 @@ def _mark(i: int) -> str:
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a.keys() == b.keys() and all(a[k] is b[k] or a[k] == b[k] for k in a)
+    return list(a) == list(b) and all(a[k] is b[k] or _equal(a[k], b[k]) for k in a)
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Equal values that a template renders alike: of the same types, dict keys in the same
+    order, floats with the same sign (``==`` takes ``1``, ``1.0`` and ``True`` for one another,
+    ``0.0`` for ``-0.0``, and ignores key order, all of which ``tojson`` or ``~`` can show)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return list(a) == list(b) and all(_equal(a[k], b[k]) for k in a)
+    if type(a) is list or type(a) is tuple:
+        return len(a) == len(b) and all(map(_equal, a, b))
+    if type(a) is float:
+        return repr(a) == repr(b)
+    return bool(a == b)
 
 
 def _split(text: str, rendered: list[int]) -> tuple[str, list[str], str] | None:
@@ -188,8 +211,7 @@ def _check(tree: nodes.Template) -> tuple[nodes.For, int, int]:
     loop = loops[0]
     if loop.recursive or loop.else_ or loop.test is not None or not isinstance(loop.target, nodes.Name):
         raise _NotLocal("loop form")
-    macros = {m.name for m in tree.body if isinstance(m, nodes.Macro)}
-    walker = _Walker(macros, loop)
+    walker = _Walker([m for m in tree.body if isinstance(m, nodes.Macro)], loop)
     for node in tree.body:
         if node is loop:
             walker.visit(loop.target, in_loop=False)
@@ -203,8 +225,9 @@ def _check(tree: nodes.Template) -> tuple[nodes.For, int, int]:
 
 
 class _Walker:
-    def __init__(self, macros: set[str], loop: nodes.For) -> None:
-        self.macros = macros
+    def __init__(self, macros: list[nodes.Macro], loop: nodes.For) -> None:
+        self.macros = {m.name for m in macros}
+        self.top_macros = {id(m) for m in macros}
         self.loop = loop
         self.lookahead = 0
         self.lookbehind = 0  # the most negative offset
@@ -218,9 +241,15 @@ class _Walker:
                 raise _NotLocal("loop used otherwise")
             if node.name in _STATEFUL:
                 raise _NotLocal(f"{node.name} (state or chance)")
+            if node.name in (_FROM, _MARK):
+                raise _NotLocal(f"{node.name} is the derived template's")
             return
         if isinstance(node, nodes.Filter) and node.name == "random":
             raise _NotLocal("chance")
+        if isinstance(node, nodes.Macro) and id(node) not in self.top_macros:
+            raise _NotLocal("a macro defined below the top level")
+        if isinstance(node, nodes.Break) and in_loop:
+            raise _NotLocal("a break out of the loop (the later iterations are not rendered)")
         if isinstance(node, nodes.Getitem) and isinstance(node.node, nodes.Name) and node.node.name == "messages":
             if in_macro:
                 raise _NotLocal("messages in a macro")
@@ -243,13 +272,14 @@ class _Walker:
             name = node.node.name
             if name not in self.macros and name not in _PURE_CALLS:
                 raise _NotLocal(f"a call of {name}")
-        if isinstance(node, nodes.For):  # a nested loop: its iterable is read here, its body has its own loop
-            self.visit(node.iter, in_loop=in_loop, in_macro=in_macro)
-            if node.test is not None:
-                self.visit(node.test, in_loop=False, in_macro=in_macro)
+        if isinstance(node, nodes.For):
+            # a nested loop: its iterable, its filter and its else block are evaluated where it
+            # stands (``loop`` there is the enclosing one); its body has its own ``loop``
+            for child in (node.iter, *([node.test] if node.test is not None else []), *node.else_):
+                self.visit(child, in_loop=in_loop, in_macro=in_macro)
             outer = self._inside_loop
             self._inside_loop = outer or in_loop
-            for child in (node.target, *node.body, *node.else_):
+            for child in (node.target, *node.body):
                 self.visit(child, in_loop=False, in_macro=in_macro)
             self._inside_loop = outer
             return
