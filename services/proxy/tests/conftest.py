@@ -7,6 +7,7 @@ and records go to a list instead of NATS.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -33,11 +34,15 @@ class ListRecorder:
     def __init__(self) -> None:
         self.records: list[CallRecordData] = []
         self.fail: Exception | None = None
+        #: When set, a record is acknowledged (or fails) only after this wait, as over a network.
+        self.ack_delay_s = 0.0
 
     def encode_parts(self, *fields: object) -> None:
         return None
 
     async def record(self, data: CallRecordData) -> None:
+        if self.ack_delay_s:
+            await asyncio.sleep(self.ack_delay_s)
         if self.fail is not None:
             raise self.fail
         self.records.append(data)

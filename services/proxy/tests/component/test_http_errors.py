@@ -13,7 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
+import pytest
 import zstandard
 
 from openforge_proxy.domain.record import RecordTooLarge
@@ -277,6 +279,26 @@ async def test_a_record_that_cannot_be_stored_fails_the_call(model_dir: Path, st
     assert_openai_error(reply, 503, "server_error")
     events = (await proxy.post(MESSAGES, anthropic_body(stream=True), key=key)).events()
     assert events[-1][0] == "error" and all(e != "message_stop" for e, _ in events)
+
+
+async def test_an_answer_begun_before_its_record_is_acknowledged_completes_only_after_it(
+    model_dir: Path, start_proxy: Any
+) -> None:
+    """A non-streamed answer leaves but its last byte while the bus acknowledges the record: the
+    harness holds a complete answer only once the record is stored, and a broken one if it is not."""
+    proxy = await start_proxy(ScriptedInferenceServer(model_dir, default=lambda p: "fine"))
+    key = proxy.session()
+    proxy.recorder.ack_delay_s = 0.05
+    reply = await proxy.post(MESSAGES, anthropic_body(stream=False), key=key)
+    assert reply.status == 200 and reply.json()["content"][0]["text"] == "fine"
+    assert int(reply.headers["Content-Length"]) == len(reply.body)
+    assert len(proxy.recorder.records) == 1
+    proxy.recorder.fail = RuntimeError("bus down")
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await proxy.post(MESSAGES, anthropic_body(stream=False), key=key)
+    # the connection is dropped, not the proxy: the next call is answered
+    proxy.recorder.fail = None
+    assert (await proxy.post(MESSAGES, anthropic_body(stream=False), key=key)).status == 200
 
 
 async def test_a_record_over_the_bus_limit_stops_the_harness(model_dir: Path, start_proxy: Any) -> None:

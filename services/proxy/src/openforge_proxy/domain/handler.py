@@ -75,6 +75,20 @@ class Responder(Protocol):
         an error: it is simply not answered)."""
         ...
 
+    async def hold_json(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
+        """Sends a JSON response but its last byte (with a ``Content-Length`` of the whole):
+        the client holds no complete answer until :meth:`release` or sees a broken one after
+        :meth:`abort`. A client gone meanwhile is not an error."""
+        ...
+
+    async def release(self) -> None:
+        """Sends the last byte of the response :meth:`hold_json` began."""
+        ...
+
+    def abort(self) -> None:
+        """Drops the connection (a response begun is never completed)."""
+        ...
+
     async def begin_stream(self, headers: Mapping[str, str]) -> None:
         """200 with ``text/event-stream``, chunked."""
         ...
@@ -551,8 +565,17 @@ class CallHandler:
             cut=pre.cut,
             parts=pre.parts,
         )
+        recording = asyncio.ensure_future(self._recorder.record(record))
+        held = False
+        if not p.request.stream:
+            await asyncio.sleep(0)  # the record is encoded and sent, or refused (too large, no connection)
+            if not recording.done():
+                # all of the answer but its last byte leaves while the bus acknowledges the record:
+                # the harness holds no complete answer before the record is stored
+                await responder.hold_json(200, final, {id_header: request_id})
+                held = True
         try:
-            await self._recorder.record(record)
+            await recording
         except Exception as exc:
             if isinstance(exc, RecordTooLarge):  # retrying cannot succeed: the harness must stop
                 log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=str(exc))
@@ -560,7 +583,9 @@ class CallHandler:
             else:
                 log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=type(exc).__name__)
                 err = ApiError(ErrorKind.UNAVAILABLE, "the call could not be recorded; retry")
-            if p.request.stream:
+            if held:  # the answer began: it is broken off, and the harness retries the call
+                responder.abort()
+            elif p.request.stream:
                 try:
                     await responder.write(encoder.error(err.message))
                 except ClientGone:
@@ -573,6 +598,8 @@ class CallHandler:
         try:
             if p.request.stream:
                 await responder.write(final)
+            elif held:
+                await responder.release()
             else:
                 await responder.send_json(200, final, {id_header: request_id})
         except ClientGone:

@@ -69,6 +69,7 @@ class _Responder:
     def __init__(self, request: web.BaseRequest) -> None:
         self._request = request
         self.response: web.StreamResponse | None = None
+        self._held = b""
 
     async def send_json(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
         # written now, not when the handler returns: what the handler does next (its log
@@ -78,6 +79,27 @@ class _Responder:
         with contextlib.suppress(ConnectionResetError, ClientConnectionResetError):  # the client went away
             await resp.prepare(self._request)
             await resp.write_eof()
+
+    async def hold_json(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
+        resp = web.StreamResponse(status=status, headers=headers)
+        resp.content_type = "application/json"
+        resp.content_length = len(body)
+        self.response = resp
+        self._held = body[-1:]
+        with contextlib.suppress(ConnectionResetError, ClientConnectionResetError):  # the client went away
+            await resp.prepare(self._request)
+            await resp.write(body[:-1])
+
+    async def release(self) -> None:
+        assert self.response is not None
+        with contextlib.suppress(ConnectionResetError, ClientConnectionResetError):
+            await self.response.write(self._held)
+            await self.response.write_eof()
+
+    def abort(self) -> None:
+        transport = self._request.transport
+        if transport is not None:
+            transport.abort()
 
     async def begin_stream(self, headers: Mapping[str, str]) -> None:
         resp = web.StreamResponse(
