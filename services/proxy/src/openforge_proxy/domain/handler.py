@@ -568,7 +568,11 @@ class CallHandler:
         recording = asyncio.ensure_future(self._recorder.record(record))
         held = False
         if not p.request.stream:
-            await asyncio.sleep(0)  # the record is encoded and sent, or refused (too large, no connection)
+            # one turn: the record is encoded and queued, or refused (too large, no connection);
+            # another: the bus client's writer sends it, so its acknowledgement is under way
+            # while the answer is written
+            for _ in range(_PUBLISH_YIELDS):
+                await asyncio.sleep(0)
             if not recording.done():
                 # all of the answer but its last byte leaves while the bus acknowledges the record:
                 # the harness holds no complete answer before the record is stored
@@ -793,6 +797,9 @@ class _Generation:
 #: Event-loop turns given to a new ``Generate`` call to send its request (grpc.aio sends it
 #: from a task of its own) before the handler goes on with work that does not need the answer.
 _SEND_YIELDS = 3
+#: Event-loop turns given to a record's publication before a non-streamed answer is written:
+#: one to encode and queue it (or refuse it), one for the NATS client's writer task to send it.
+_PUBLISH_YIELDS = 2
 
 
 @dataclass(frozen=True)
