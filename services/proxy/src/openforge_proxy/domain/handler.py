@@ -280,7 +280,7 @@ class CallHandler:
                 canonical = anthropic.parse({"max_tokens": 1, **request})
             except InvalidArgument as exc:
                 raise ApiError(ErrorKind.INVALID_REQUEST, exc.message) from exc
-            state = self._state(session.rollout_id, runtime, BodyMemo())
+            state = self._state(session.rollout_id, runtime)
             plan = state.splicer.build(canonical.messages, canonical.tools)
         except ApiError as err:
             status, payload, _ = error_response(wire, err, new_request_id())
@@ -314,7 +314,7 @@ class CallHandler:
         except OpenForgeError as exc:
             raise ApiError(ErrorKind.UNAVAILABLE, f"the served model cannot be used: {exc.message}") from exc
 
-    def _state(self, rollout_id: str, runtime: ModelRuntime, bodies: BodyMemo) -> SessionCalls:
+    def _state(self, rollout_id: str, runtime: ModelRuntime, bodies: BodyMemo | None = None) -> SessionCalls:
         state = self._states.get(rollout_id)
         if state is None:
             state = SessionCalls(
@@ -491,21 +491,15 @@ class CallHandler:
                 sent.append(data)
                 await responder.write(data)
                 pre = _PreRecord.of(p, body, self._recorder)
-                if first.finish is None:
-                    async for delta in stream:
-                        data = gen.feed(delta, encoder)
-                        if data:
-                            sent.append(data)
-                            await responder.write(data)
-                        if delta.finish is not None:
-                            break
+                async for delta in _until_finish(first, stream):
+                    data = gen.feed(delta, encoder)
+                    if data:
+                        sent.append(data)
+                        await responder.write(data)
             else:
                 gen.feed(first, None)
-                if first.finish is None:
-                    async for delta in stream:
-                        gen.feed(delta, None)
-                        if delta.finish is not None:
-                            break
+                async for delta in _until_finish(first, stream):
+                    gen.feed(delta, None)
             self._drain(stream, p.call_id)
             tail = gen.close(encoder if p.request.stream else None)
         except ClientGone:
@@ -632,8 +626,6 @@ class CallHandler:
                 async for delta in stream:
                     if delta.token_ids:  # not part of the answer or the record
                         log.warning(EV_AFTER_FINISH, call_id=call_id, tokens=len(delta.token_ids))
-            except (EngineUnavailable, EngineRejected) as exc:
-                log.warning(EV_AFTER_FINISH, call_id=call_id, error=str(exc))
             except Exception as exc:  # the answer is out: what went wrong after it is only logged
                 log.warning(EV_AFTER_FINISH, call_id=call_id, error=repr(exc))
 
@@ -822,6 +814,17 @@ class _PreRecord:
             cut = RecordCut.of(base, prompt.packed, request_json, canonical_json, prompt_ids=len(prompt))
         parts = recorder.encode_parts(prompt, request_json, canonical_json, p.plan.report, cut)
         return _PreRecord(request_json, canonical_json, cut, parts)
+
+
+async def _until_finish(first: Delta, stream: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+    """The deltas after ``first`` up to the one that says the generation finished (the stream
+    itself is left open: :meth:`CallHandler._drain` reads the rest)."""
+    if first.finish is not None:
+        return
+    async for delta in stream:
+        yield delta
+        if delta.finish is not None:
+            return
 
 
 async def _first(stream: AsyncIterator[Delta]) -> Delta:

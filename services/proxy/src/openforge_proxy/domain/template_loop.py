@@ -211,7 +211,7 @@ def _check(tree: nodes.Template) -> tuple[nodes.For, int, int]:
     loop = loops[0]
     if loop.recursive or loop.else_ or loop.test is not None or not isinstance(loop.target, nodes.Name):
         raise _NotLocal("loop form")
-    walker = _Walker([m for m in tree.body if isinstance(m, nodes.Macro)], loop)
+    walker = _Walker([m for m in tree.body if isinstance(m, nodes.Macro)])
     for node in tree.body:
         if node is loop:
             walker.visit(loop.target, in_loop=False)
@@ -225,10 +225,9 @@ def _check(tree: nodes.Template) -> tuple[nodes.For, int, int]:
 
 
 class _Walker:
-    def __init__(self, macros: list[nodes.Macro], loop: nodes.For) -> None:
+    def __init__(self, macros: list[nodes.Macro]) -> None:
         self.macros = {m.name for m in macros}
         self.top_macros = {id(m) for m in macros}
-        self.loop = loop
         self.lookahead = 0
         self.lookbehind = 0  # the most negative offset
 

@@ -57,6 +57,8 @@ _ROUTES: tuple[tuple[str, str, WireApi | None], ...] = (
     ("/models", "GET", None),
 )
 _READ = 1 << 16
+#: What writing to a client that went away raises.
+_CLIENT_GONE = (ConnectionResetError, ClientConnectionResetError)
 
 
 class BodyTooLarge(Exception):
@@ -76,7 +78,7 @@ class _Responder:
         # line) is not on the caller's wait
         resp = web.Response(status=status, body=body, content_type="application/json", headers=headers)
         self.response = resp
-        with contextlib.suppress(ConnectionResetError, ClientConnectionResetError):  # the client went away
+        with contextlib.suppress(*_CLIENT_GONE):  # the client went away
             await resp.prepare(self._request)
             await resp.write_eof()
 
@@ -86,13 +88,13 @@ class _Responder:
         resp.content_length = len(body)
         self.response = resp
         self._held = body[-1:]
-        with contextlib.suppress(ConnectionResetError, ClientConnectionResetError):  # the client went away
+        with contextlib.suppress(*_CLIENT_GONE):  # the client went away
             await resp.prepare(self._request)
             await resp.write(body[:-1])
 
     async def release(self) -> None:
         assert self.response is not None
-        with contextlib.suppress(ConnectionResetError, ClientConnectionResetError):
+        with contextlib.suppress(*_CLIENT_GONE):
             await self.response.write(self._held)
             await self.response.write_eof()
 
@@ -113,7 +115,7 @@ class _Responder:
         resp.enable_chunked_encoding()
         try:
             await resp.prepare(self._request)
-        except (ConnectionResetError, ClientConnectionResetError) as exc:
+        except _CLIENT_GONE as exc:
             raise ClientGone() from exc
         self.response = resp
 
@@ -121,7 +123,7 @@ class _Responder:
         assert self.response is not None
         try:
             await self.response.write(data)
-        except (ConnectionResetError, ClientConnectionResetError) as exc:
+        except _CLIENT_GONE as exc:
             raise ClientGone() from exc
 
 

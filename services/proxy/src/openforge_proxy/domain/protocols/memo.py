@@ -225,8 +225,8 @@ def _grown_list(
 
     The shared elements are the ones whose bytes and the byte before them lie in the two
     values' common prefix; the bytes after them must be ``]`` or ``,`` and more elements,
-    which parse as those elements when ``[`` replaces the comma (a lone ``,]`` is refused:
-    it parses so, but is not JSON).
+    which parse as those elements when ``[`` replaces the comma (a comma then only ``]`` is
+    refused: it parses so, to no element, but is not JSON).
     """
     shared = common_run(old, a, body, start, min(b - a, end - start))
     k = bisect_right(ends, shared)
@@ -235,7 +235,7 @@ def _grown_list(
     at = start + ends[k - 1]  # after the last shared element
     if end - at == 1 and body[at] == 0x5D:  # "]"
         return items[:k], ends[:k]
-    if body[at : at + 1] != b"," or body[at + 1 : at + 2] == b"]":
+    if body[at : at + 1] != b",":
         return None
     try:
         tail = orjson.loads(b"[" + memoryview(body)[at + 1 : end])
@@ -244,14 +244,10 @@ def _grown_list(
     if not tail:  # a comma, maybe whitespace, then "]": not JSON
         return None
     out = items[:k] + tail
-    new_ends = ends[:k]
-    for item in tail:  # where each new element ends, if it is written as orjson writes it
-        one = orjson.dumps(item)
-        if not body.startswith(one, at + 1):
-            return out, None
-        at += 1 + len(one)
-        new_ends.append(at - start)
-    return out, new_ends if at + 1 == end else None
+    new = _ends_of(tail, body, at, start)
+    if new is None or start + new[-1] + 1 != end:
+        return out, None
+    return out, ends[:k] + new
 
 
 def _element_ends(value: Any, body: bytes, start: int) -> list[int] | None:
@@ -261,18 +257,25 @@ def _element_ends(value: Any, body: bytes, start: int) -> list[int] | None:
         return None
     if not value:
         return [] if body[start + 1 : start + 2] == b"]" else None
+    ends = _ends_of(value, body, start, start)
+    return ends if ends is not None and body[start + ends[-1] : start + ends[-1] + 1] == b"]" else None
+
+
+def _ends_of(items: list[Any], body: bytes, at: int, start: int) -> list[int] | None:
+    """Where each of ``items`` ends (from ``start``) when they are written one after another
+    after ``body[at]`` (``[`` or a comma), each after a one-byte separator, as ``orjson``
+    writes them; else None."""
     ends: list[int] = []
-    at = start  # at "[" or the comma before the next element
     try:
-        for item in value:
+        for item in items:
             one = orjson.dumps(item)
             if not body.startswith(one, at + 1):
                 return None
             at += 1 + len(one)
             ends.append(at - start)
-    except orjson.JSONEncodeError:
+    except orjson.JSONEncodeError:  # integers past 64 bits: parsed, not serializable
         return None
-    return ends if body[at : at + 1] == b"]" else None
+    return ends
 
 
 def _spans(body: bytes, parsed: dict[str, Any]) -> list[tuple[str, int, int]] | None:
