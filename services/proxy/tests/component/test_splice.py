@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from openforge_proxy.domain.splice import Splicer, _RenderMemo, norm_ref
+from openforge_proxy.domain.template_loop import LoopCache
 from openforge_testing.fakes import ScriptedInferenceServer, final_text, tool_call_text
 
 CHAT = "/v1/chat/completions"
@@ -231,22 +232,23 @@ async def test_resumed_renders_equal_full_ones(
     resumed = 0
 
     def checked(self: Splicer, *args: Any) -> Any:
-        memo = self._memo
-        self._memo = None
+        memo, loops, forms = self._memo, self._loop_cache, self._forms
+        self._memo, self._loop_cache, self._forms = None, LoopCache(), None  # from scratch: no previous render
         scratch = full_render(self, *args)
-        self._memo = memo
+        self._memo, self._loop_cache, self._forms = memo, loops, forms
         out = full_render(self, *args)
         assert out[0].ids == scratch[0].ids and out[0].packed == scratch[0].packed
         assert out[1:] == scratch[1:]
         return out
 
-    partial = 0
+    partial = known = 0
 
-    def counted(self: _RenderMemo, *args: Any) -> int | None:
-        nonlocal resumed, partial
-        at = full_resume(self, *args)
+    def counted(self: _RenderMemo, text: str, turns: list[str], same: int = 0) -> int | None:
+        nonlocal resumed, partial, known
+        at = full_resume(self, text, turns, same)
         resumed += at is not None
         partial += at is not None and at < len(self.marks) - 1  # resumed before the last mark
+        known += same > 0  # the template's render knew a prefix unchanged
         return at
 
     monkeypatch.setattr(Splicer, "_render", checked)
@@ -257,3 +259,71 @@ async def test_resumed_renders_equal_full_ones(
     await test_an_edited_history_is_rendered_again_from_the_edit(model_dir, start_proxy)
     assert resumed >= 8
     assert partial >= 1  # the edited history resumed after the first generated turn, before the edit
+    assert known >= 4
+
+
+async def test_a_render_whose_build_failed_is_not_taken_for_the_previous_prompt(
+    model_dir: Path, start_proxy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The template's render knows how much of its text equals its previous render; when that
+    render's build failed (so the prompt memo kept an older one), that knowledge is not used."""
+    fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "Sure.")
+    proxy = await start_proxy(fake)
+    key = proxy.session()
+    said = {"role": "assistant", "content": "Sure."}
+    history = [{"role": "system", "content": "S"}, {"role": "user", "content": "first"}]
+    for text in ("second", "third", "fourth"):
+        reply = await proxy.post(CHAT, {"model": "m", "messages": history}, key=key, bearer=True)
+        assert reply.status == 200
+        history = [*history, said, {"role": "user", "content": text}]
+    edited = [history[0], {"role": "user", "content": "first, edited"}, *history[2:]]
+    codec = proxy.runtime.codec
+
+    def failing(*args: Any) -> None:
+        raise RuntimeError("tokenizer failure")
+
+    # the template renders the edited conversation, then building its prompt fails
+    monkeypatch.setattr(codec, "encode_into", failing)
+    reply = await proxy.post(CHAT, {"model": "m", "messages": edited}, key=key, bearer=True)
+    assert reply.status == 400
+    monkeypatch.undo()
+    # sent again: the template's render equals the failed one, not the one the memo holds
+    reply = await proxy.post(CHAT, {"model": "m", "messages": edited}, key=key, bearer=True)
+    assert reply.status == 200
+    last = proxy.recorder.records[-1]
+    assert "first, edited" in codec.decode(last.prompt_ids)
+    check_invariants(proxy, fake)
+
+
+async def test_template_forms_are_reused_only_for_the_same_messages_and_turns(
+    model_dir: Path, start_proxy: Any
+) -> None:
+    """A render reuses the previous render's template forms for its leading messages that are the
+    same objects with the same generated turns; a message now matched to another turn, or to
+    none, gets its own."""
+    fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "Sure.")
+    proxy = await start_proxy(fake)
+    key = proxy.session()
+    said = {"role": "assistant", "content": "Sure."}
+    history = [{"role": "system", "content": "S"}, {"role": "user", "content": "first"}]
+    for text in ("second", "third", "fourth"):
+        assert (await proxy.post(CHAT, {"model": "m", "messages": history}, key=key, bearer=True)).status == 200
+        history = [*history, said, {"role": "user", "content": text}]
+    splicer = proxy.handler.state("r1").splicer
+    forms = splicer._forms
+    assert forms is not None
+    view, turns = forms.view, forms.turns
+    generated = [i for i, t in enumerate(turns) if t is not None]
+    assert len(generated) == 2
+    a, b = generated
+    variants = [
+        [*turns[:a], turns[b], *turns[a + 1 : b], turns[a], *turns[b + 1 :]],  # two turns swapped
+        [*turns[:a], None, *turns[a + 1 :]],  # the first no longer matched
+    ]
+    tools = splicer.tools_key([])[1]
+    for variant in variants:
+        splicer._render(view, turns, tools)  # the previous render: the original turns
+        got = splicer._render(view, variant, tools)
+        splicer._memo, splicer._loop_cache, splicer._forms = None, LoopCache(), None
+        want = splicer._render(view, variant, tools)
+        assert got[0].ids == want[0].ids and got[1:] == want[1:]

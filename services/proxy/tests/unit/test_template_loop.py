@@ -32,6 +32,21 @@ _NEIGHBOURS = (
     "{%- endfor %}{{ '|gen' if add_generation_prompt }}"
 )
 
+# ``loop`` of the message loop in a macro's argument, a ``with`` block, a nested loop's filter
+# and else block; ``loop`` of nested loops in their bodies
+_NESTED = (
+    "{% macro wrap(x, y) %}<{{ x }}:{{ y }}>{% endmacro %}"
+    "{%- for message in messages %}"
+    "{{ wrap(loop.index, loop.first) }}"
+    "{%- for c in [1, 2, 3] if loop.index0 % 3 == 1 or c < 3 %}"
+    "({{ loop.index }}{{ loop.first }}{{ loop.last }}{{ c }}){% endfor %}"
+    "{%- for c in [] %}{% else %}E{{ loop.index0 }}{% endfor %}"
+    "{%- for c in [1] %}{% for d in [5, 6] %}{{ loop.index0 }}{{ d }}{% endfor %}{{ loop.last }}{% endfor %}"
+    "{%- with y = loop.index0 * 2 %}{{ y }}{% endwith %}{{ message.role }}"
+    "{%- endfor %}"
+)
+_SOURCES = {"neighbours": _NEIGHBOURS, "nested": _NESTED}
+
 _REJECTED = {
     "two loops": "{% for m in messages %}{% endfor %}{% for message in messages %}{{ message.role }}{% endfor %}",
     "length": "{% for message in messages %}{{ loop.length }}{% endfor %}",
@@ -64,7 +79,10 @@ _REJECTED = {
         "{% endmacro %}{% endif %}{% for message in messages %}{{ dict(f=m).f() }}{% endfor %}"
     ),
     "break": "{% for message in messages %}{% if message.role == 'x' %}{% break %}{% endif %}.{% endfor %}",
-    "private name": "{% for message in messages %}{{ openforge_loop_from }}{% endfor %}",
+    **{
+        f"private name {name}": f"{{% for message in messages %}}{{{{ {name} }}}}{{% endfor %}}"
+        for name in sorted(template_loop._OWN)
+    },
 }
 
 
@@ -80,15 +98,16 @@ def _message(rng: random.Random, i: int) -> dict[str, Any]:
     return msg
 
 
-@pytest.mark.parametrize("name", ["hermes", "neighbours"])
+@pytest.mark.parametrize("name", ["hermes", "neighbours", "nested"])
 def test_incremental_renders_equal_full_renders(name: str) -> None:
-    source = TEMPLATES[name] if name in TEMPLATES else _NEIGHBOURS
+    source = TEMPLATES[name] if name in TEMPLATES else _SOURCES[name]
     tpl = ChatTemplate(source)
     assert tpl.incremental
     rng = random.Random(5)
-    reused = 0
+    reused = known = 0
     for _ in range(60):
         cache = LoopCache()
+        previous: str | None = None
         messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}]
         tools: list[Any] | None = TOOLS
         for _ in range(30):
@@ -106,12 +125,22 @@ def test_incremental_renders_equal_full_renders(name: str) -> None:
             try:
                 want = tpl.render(copy.deepcopy(messages), tools, add_generation_prompt=gen)
             except Exception as exc:  # the template refuses this conversation: so must the cached render
+                renders = cache.renders
                 with pytest.raises(type(exc)):
                     tpl.render(messages, tools, add_generation_prompt=gen, cache=cache)
+                assert cache.renders == renders
                 continue
             assert tpl.render(messages, tools, add_generation_prompt=gen, cache=cache) == want
+            # what the cache claims equal to the render before is
+            same = cache.same_prefix
+            assert previous is not None or same == 0
+            if previous is not None:
+                assert same <= min(len(want), len(previous)) and want[:same] == previous[:same]
+            known += same > 0
+            previous = want
         reused += cache.reused
     assert reused > 5000  # iterations not rendered again
+    assert known > 1000
 
 
 @pytest.mark.parametrize("name", sorted(_REJECTED))
@@ -151,6 +180,26 @@ def test_messages_holding_mark_characters_render_as_the_original_template(monkey
     again = [*more, {"role": "user", "content": "again"}]
     assert tpl.render(again, cache=cache) == tpl.render(again)
     assert cache.context is None
+    # a whole render leaves nothing known about the next one's text
+    assert cache.same_prefix == 0 and cache.head is None
+
+
+def test_a_whole_render_between_two_derived_ones_is_not_taken_for_the_previous_text() -> None:
+    tpl = ChatTemplate(TEMPLATES["hermes"])
+    cache = LoopCache()
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+    tpl.render(messages, cache=cache)
+    more = [*messages, {"role": "user", "content": "more"}]
+    tpl.render(more, cache=cache)
+    assert cache.same_prefix > len("sys")
+    renders = cache.renders
+    # rendered whole (the context holds a name of the derived template's): the next derived
+    # render knows nothing of its text
+    other = [{"role": "system", "content": "other"}, {"role": "user", "content": "x"}]
+    tpl.render(other, cache=cache, openforge_loop_rows=1)
+    assert cache.renders == renders + 1 and cache.same_prefix == 0
+    tpl.render([*more, {"role": "user", "content": "next"}], cache=cache)
+    assert cache.same_prefix == 0
 
 
 def test_values_equal_to_python_but_rendered_otherwise_are_rendered_again() -> None:

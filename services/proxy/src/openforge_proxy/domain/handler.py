@@ -121,6 +121,29 @@ class SessionCalls:
         self.chat = ConversationMemo()
         self.body = bodies if bodies is not None else BodyMemo()
         self.bases: OrderedDict[str, RecordBase] = OrderedDict()
+        # the last call key's hash: (tools key, bytes starting with the prompt hashed, the
+        # prompt's length, the hash state after it)
+        self._key: tuple[str, bytes, int, hashlib.blake2b] | None = None
+
+    def call_key(self, tools_key: str, packed: bytes) -> str:
+        """The call's identity: hex BLAKE2b-128 of ``tools_key`` (UTF-8) then ``packed`` (the
+        prompt's packed ids). A prompt that extends the previous call's (a conversation's next
+        call) hashes only its new bytes, continuing from the hash state after the previous
+        prompt: the digest is the same (a hash's input may be given in pieces)."""
+        last = self._key
+        if (
+            last is not None
+            and last[0] == tools_key
+            and len(packed) >= last[2]
+            and packed.startswith(last[1][: last[2]])
+        ):
+            digest = last[3].copy()
+            digest.update(memoryview(packed)[last[2] :])
+        else:
+            digest = hashlib.blake2b(tools_key.encode(), digest_size=16)
+            digest.update(packed)
+        self._key = (tools_key, packed, len(packed), digest)
+        return digest.hexdigest()
 
     def base_for(self, extends_call_id: str) -> RecordBase | None:
         """The acknowledged record to code the next one against: the call its prompt extends,
@@ -138,6 +161,10 @@ class SessionCalls:
         if extends and extends != record.call_id:
             self.bases.pop(extends, None)
         self.bases[record.call_id] = record.as_base(head.packed if head is not None else None)
+        key = self._key
+        if key is not None and head is not None and key[1] is record.prompt.packed:
+            # the base's bytes start with the prompt: the prompt alone need not be kept for the hash
+            self._key = (key[0], head.packed, key[2], key[3])
         self.bases.move_to_end(record.call_id)
         while len(self.bases) > _BASES_KEPT:
             self.bases.popitem(last=False)
@@ -385,9 +412,7 @@ class CallHandler:
         # conversation sent again renders to the same ids, whatever the harness changed that
         # the model does not see. Hashing the packed ids (~2 bytes a token) is cheaper than
         # serializing the conversation again.
-        digest = hashlib.blake2b(tools[0].encode(), digest_size=16)
-        digest.update(plan.prompt.packed)
-        call_key = digest.hexdigest()
+        call_key = state.call_key(tools[0], plan.prompt.packed)
         known = state.calls.get(call_key)
         limits = session.limits
         if known is None:

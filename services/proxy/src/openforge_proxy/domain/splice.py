@@ -50,11 +50,13 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import operator
 import re
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -293,7 +295,13 @@ class _RenderMemo:
     encoded. Equality is checked on the text itself (the previous text is kept: comparing
     it is a memory compare, where hashing the new text segment by segment cost a tenth of
     a call), so it holds whatever the template does to earlier messages: when it renders
-    them differently, the texts differ and building resumes earlier, or starts over.
+    them differently, the texts differ and building resumes earlier, or starts over. The
+    template's incremental render may know already that a prefix of the text is unchanged
+    (:attr:`~openforge_proxy.domain.template_loop.LoopCache.same_prefix`); up to there the
+    text is not compared again.
+
+    Attributes:
+        renders: The session's template renders (``LoopCache.renders``) after this one's.
     """
 
     turns: list[str]
@@ -302,36 +310,55 @@ class _RenderMemo:
     reused: list[Span]
     rendered: list[Span]
     text: str
+    renders: int
 
-    def _holds(self, i: int, text: str, turns: list[str]) -> bool:
+    def _holds(self, i: int, text: str, turns: list[str], known: int) -> bool:
         m = self.marks[i]
         return (
             m.pos <= len(text)
             and m.reused <= len(turns)
             and turns[: m.reused] == self.turns[: m.reused]
-            and text.startswith(self.text[: m.pos])
+            and (m.pos <= known or text.startswith(self.text[: m.pos]))
         )
 
-    def resume(self, text: str, turns: list[str]) -> int | None:
+    def resume(self, text: str, turns: list[str], known: int = 0) -> int | None:
         """The index of the last mark up to which ``text`` (splicing ``turns``) equals this render.
 
         None when only the start does. Holding at a mark implies holding at every earlier
         one, so the last is tried first (a conversation that only grew), then found by
-        bisection.
+        bisection. ``known``: how many leading characters of ``text`` are known to equal
+        this render's.
         """
         last = len(self.marks) - 1
         if last < 1:
             return None
-        if self._holds(last, text, turns):
+        if self._holds(last, text, turns, known):
             return last
         lo, hi = 0, last - 1  # marks[lo] holds (the start always does); find the last that holds
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self._holds(mid, text, turns):
+            if self._holds(mid, text, turns, known):
                 lo = mid
             else:
                 hi = mid - 1
         return lo or None
+
+
+@dataclass(frozen=True)
+class _Forms:
+    """A render's conversation and its template forms.
+
+    Attributes:
+        view: The messages rendered.
+        turns: Parallel: their generated turn ids.
+        dicts: Parallel: their template forms.
+        order: The generated turns rendered, in order.
+    """
+
+    view: list[Message]
+    turns: list[str | None]
+    dicts: list[dict[str, Any]]
+    order: list[GeneratedTurn]
 
 
 def _same(a: Message, b: Message) -> bool:
@@ -385,6 +412,7 @@ class Splicer:
         self._memo: _RenderMemo | None = None
         self._loop_cache = LoopCache()  # the template's previous render (template_loop)
         self._tools: tuple[Sequence[Tool], tuple[str, list[dict[str, Any]]]] | None = None
+        self._forms: _Forms | None = None  # the last render's template forms
 
     # --- matching -----------------------------------------------------------
 
@@ -550,14 +578,28 @@ class Splicer:
     def _render(
         self, view: list[Message], turns: list[str | None], tool_dicts: list[dict[str, Any]]
     ) -> tuple[PackedIds, list[Span], list[Span]]:
+        # the template forms of the leading messages that are the previous render's same objects
+        # with the same turns are the previous render's (a message's is built once; the k-th
+        # generated turn's is one shared dict)
+        last = self._forms
+        k = 0
+        if last is not None:
+            n = min(len(view), len(last.view))
+            identical = list(map(operator.is_, view[:n], last.view[:n]))
+            k = identical.index(False) if False in identical else n
+            if turns[:k] != last.turns[:k]:
+                k = min(k, _divergence(turns, last.turns))
         dicts: list[dict[str, Any]] = []
         order: list[GeneratedTurn] = []
-        for msg, turn in zip(view, turns, strict=True):
+        if last is not None and k:
+            dicts, order = last.dicts[:k], last.order[: k - turns[:k].count(None)]
+        for msg, turn in zip(view[k:], turns[k:], strict=True):
             if turn is None:
                 dicts.append(msg.template_dict())
             else:
                 dicts.append(_sentinel_message(len(order)))
                 order.append(self.turns[turn])
+        self._forms = _Forms(view, turns, dicts, order)
         text = self._tpl.render(dicts, tool_dicts, add_generation_prompt=True, cache=self._loop_cache, **self._kwargs)
         header = self._fam.assistant_header
         eot = self._fam.end_of_turn
@@ -569,7 +611,12 @@ class Splicer:
         pos = 0
         first = 0
         memo = self._memo
-        at_mark = memo.resume(text, order_ids) if memo is not None else None
+        at_mark = None
+        if memo is not None:
+            loops = self._loop_cache
+            # the template's previous render is the memo's: what it knows unchanged is
+            known = loops.same_prefix if loops.renders == memo.renders + 1 else 0
+            at_mark = memo.resume(text, order_ids, known)
         if memo is not None and at_mark is not None:
             mark = memo.marks[at_mark]
             ids.add(memo.prompt.ids[: mark.ids], memo.prompt.packed[: mark.packed])
@@ -612,7 +659,7 @@ class Splicer:
         else:
             emit_text(tail)
         prompt = ids.build()
-        self._memo = _RenderMemo(order_ids, marks, prompt, reused, rendered, text)
+        self._memo = _RenderMemo(order_ids, marks, prompt, reused, rendered, text, self._loop_cache.renders)
         return prompt, list(reused), list(rendered)
 
     # --- committing ---------------------------------------------------------
@@ -712,6 +759,14 @@ def _moved_user_messages(
     """
     if len(sent) > len(seen):
         return None
+    if (
+        len(sent) == len(seen)
+        and sent_turns == seen_turns
+        and all(map(operator.or_, map(operator.is_, seen, sent), map(operator.is_not, seen_turns, repeat(None))))
+    ):
+        # each message is the same object or the same generated turn (the usual next call of a
+        # conversation): every step below would match, at C speed here
+        return []
     missing: list[int] = []
     j = 0
     for i, msg in enumerate(seen):
@@ -741,7 +796,7 @@ def _first_diff(
     return min(len(seen), len(sent))
 
 
-def _divergence(a: Sequence[int], b: Sequence[int]) -> int:
+def _divergence(a: Sequence[Any], b: Sequence[Any]) -> int:
     n = min(len(a), len(b))
     lo, hi = 0, n
     # binary search on equal prefixes (slices compare in C)

@@ -233,11 +233,15 @@ class ChatTemplate:
             **self._special,
             **kwargs,
         }
-        if cache is not None and self._loop is not None:
+        if cache is None:
+            return self._template.render(messages=list(messages), **context)
+        if self._loop is not None:
             text = self._loop.render(cache, list(messages), context)
             if text is not None:
                 return text
-        return self._template.render(messages=list(messages), **context)
+        text = self._template.render(messages=list(messages), **context)
+        cache.whole()
+        return text
 
     def generation_prompt(self, **kwargs: Any) -> str:
         """The text ``add_generation_prompt=True`` appends after a conversation."""

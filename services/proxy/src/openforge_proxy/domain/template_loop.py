@@ -36,14 +36,23 @@ and the tail are always rendered (they are short, and may read ``messages[0]`` o
 Templates that do not qualify (Qwen3's, which finds the last user message with a loop of its
 own first) are always rendered whole.
 
-The derived template marks where each rendered iteration starts and where the loop ends with
-private-use characters around a random nonce of the process (never part of a prompt, so no
-message can hold it); a render whose marks are not found is rendered whole by the original
-template instead.
+The derived template loops over the iterations to render only (pairs of a position and its
+message), with the loop's position attributes replaced by the same values computed from that
+position (``loop.index0`` is the position, ``loop.index`` the position + 1, ``loop.first``
+the position == 0, ``loop.last`` the position == the last one), so the unchanged iterations
+cost nothing, not even a step of Jinja's loop. It marks where each rendered iteration starts
+and where the loop ends with private-use characters around a random nonce of the process
+(never part of a prompt, so no message can hold it); a render whose marks are not found is
+rendered whole by the original template instead.
+
+Each render also tells how many of its leading characters are known to equal the previous
+render's (:attr:`LoopCache.same_prefix`: the head when it is the same, then the reused and
+the equal re-rendered iterations), so a caller comparing the two texts need not compare them.
 """
 
 from __future__ import annotations
 
+import operator
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,7 +73,9 @@ _POSITION = frozenset({"index0", "index", "first", "last"})
 #: hold one.
 _NONCE = secrets.token_hex(8)
 _END = f"\ue006{_NONCE}\ue006"
-_FROM, _MARK = "openforge_loop_from", "openforge_loop_mark"
+_ROWS, _MARK, _LAST, _AT = "openforge_loop_rows", "openforge_loop_mark", "openforge_loop_last", "openforge_loop_at"
+#: The derived template's own variables (a template mentioning one does not qualify).
+_OWN = frozenset({_ROWS, _MARK, _LAST, _AT})
 
 
 class _NotLocal(Exception):
@@ -79,13 +90,29 @@ class LoopCache:
         messages: The messages rendered (their template dicts).
         bodies: The text of each loop iteration.
         context: The other variables of that render.
+        head: The text before the loop in the last render, None when that render was whole
+            (:meth:`whole`) or there was none.
+        reused: Iterations reused, over all renders (diagnostics and tests).
+        off: The derived template's marks were not found once: renders are whole from then on.
+        renders: Renders of the conversation, with the derived template or whole.
+        same_prefix: How many leading characters of the last render are known to equal those
+            of the render before it (0 when unknown).
     """
 
     messages: list[Mapping[str, Any]] = field(default_factory=list)
     bodies: list[str] = field(default_factory=list)
     context: dict[str, Any] | None = None
+    head: str | None = None
     reused: int = 0
     off: bool = False
+    renders: int = 0
+    same_prefix: int = 0
+
+    def whole(self) -> None:
+        """Notes a render of the conversation made by the original template (the iterations
+        kept are still those of the last derived render; the text before is unknown)."""
+        self.head, self.same_prefix = None, 0
+        self.renders += 1
 
 
 class MessageLoop:
@@ -111,17 +138,13 @@ class MessageLoop:
         except _NotLocal:
             return None
 
-        def index0() -> nodes.Getattr:
-            return nodes.Getattr(nodes.Name("loop", "load"), "index0", "load")
-
-        rendered = nodes.Or(
-            nodes.Compare(index0(), [nodes.Operand("gteq", nodes.Name(_FROM, "load"))]),
-            nodes.Compare(index0(), [nodes.Operand("lt", nodes.Const(lookbehind))]),
-        )
-        mark = nodes.Output([nodes.Call(nodes.Name(_MARK, "load"), [index0()], [], None, None)])
-        loop.body = [nodes.If(rendered, [mark, *loop.body], [], [])]
-        at = tree.body.index(loop)
-        tree.body.insert(at + 1, nodes.Output([nodes.TemplateData(_END)]))
+        at = nodes.Name(_AT, "load")
+        loop.iter = nodes.Name(_ROWS, "load")
+        loop.target = nodes.Tuple([nodes.Name(_AT, "store"), loop.target], "store")
+        body = [_positions(child, in_loop=True) for child in loop.body]
+        loop.body = [nodes.Output([nodes.Call(nodes.Name(_MARK, "load"), [at], [], None, None)]), *body]
+        index = tree.body.index(loop)
+        tree.body.insert(index + 1, nodes.Output([nodes.TemplateData(_END)]))
         tree.set_lineno(loop.lineno)
         tree.set_environment(env)
         return MessageLoop(env.from_string(tree), lookahead, lookbehind)
@@ -130,27 +153,41 @@ class MessageLoop:
         """The template's text for ``messages`` and the other variables ``context``, rendering
         only the iterations that may differ from ``cache``'s render; updates ``cache``. None
         when the text holds the marks' characters (render it with the original template)."""
-        if cache.off or _FROM in context or _MARK in context:
+        if cache.off or not _OWN.isdisjoint(context):
             return None
         start = 0
         if cache.context is not None and _same(cache.context, context):
             old = cache.messages
             n = min(len(old), len(messages))
-            same = 0
-            while same < n and (messages[same] is old[same] or _equal(messages[same], old[same])):
+            # the messages a session sends again are mostly the same objects: skip those at C speed
+            identical = list(map(operator.is_, messages[:n], old[:n]))
+            same = identical.index(False) if False in identical else n
+            while same < n and (identical[same] or _equal(messages[same], old[same])):
                 same += 1
             start = max(0, same - self.lookahead)
         first = min(self.lookbehind, start)  # these read from the end of the list: rendered too
         rendered = [*range(first), *range(start, len(messages))]
-        text = self._template.render(**context, messages=messages, **{_FROM: start, _MARK: _mark})
+        rows = [(i, messages[i]) for i in rendered]
+        text = self._template.render(
+            **context, messages=messages, **{_ROWS: rows, _MARK: _mark, _LAST: len(messages) - 1}
+        )
         parts = _split(text, rendered)
         if parts is None:  # not seen with a template that qualifies; if it were, stop trying
             cache.context, cache.off = None, True
             return None
         head, texts, tail = parts
-        bodies = texts[:first] + cache.bodies[first:start] + texts[first:]
-        cache.messages, cache.bodies, cache.context = list(messages), bodies, dict(context)
+        old_bodies = cache.bodies
+        bodies = texts[:first] + old_bodies[first:start] + texts[first:]
+        known = 0
+        if head == cache.head:  # None after a whole render: nothing is known then
+            equal = 0  # leading iterations whose text is the previous render's
+            while equal < min(len(bodies), len(old_bodies)) and bodies[equal] == old_bodies[equal]:
+                equal = start if first <= equal < start else equal + 1  # those between are reused
+            known = len(head) + sum(map(len, bodies[:equal]))
+        cache.messages, cache.bodies, cache.context, cache.head = list(messages), bodies, dict(context), head
         cache.reused += start - first
+        cache.renders += 1
+        cache.same_prefix = known
         return "".join([head, *bodies, tail])
 
 
@@ -240,7 +277,7 @@ class _Walker:
                 raise _NotLocal("loop used otherwise")
             if node.name in _STATEFUL:
                 raise _NotLocal(f"{node.name} (state or chance)")
-            if node.name in (_FROM, _MARK):
+            if node.name in _OWN:
                 raise _NotLocal(f"{node.name} is the derived template's")
             return
         if isinstance(node, nodes.Filter) and node.name == "random":
@@ -299,3 +336,30 @@ def _offset(arg: nodes.Expr) -> int:
         base = _offset(arg.left)
         return base + arg.right.value if isinstance(arg, nodes.Add) else base - arg.right.value
     raise _NotLocal("messages indexed by something else than the loop's position")
+
+
+def _positions(node: nodes.Node, *, in_loop: bool) -> nodes.Node:
+    """``node`` with the message loop's ``loop.<attr>`` (where ``in_loop``: its body, outside
+    the bodies of nested loops; :class:`_Walker` proved these are ``index0``, ``index``,
+    ``first`` and ``last`` only) replaced by the same value computed from the position."""
+    if in_loop and isinstance(node, nodes.Getattr) and isinstance(node.node, nodes.Name) and node.node.name == "loop":
+        at = nodes.Name(_AT, "load")
+        if node.attr == "index0":
+            return at
+        if node.attr == "index":
+            return nodes.Add(at, nodes.Const(1))
+        if node.attr == "first":
+            return nodes.Compare(at, [nodes.Operand("eq", nodes.Const(0))])
+        if node.attr == "last":
+            return nodes.Compare(at, [nodes.Operand("eq", nodes.Name(_LAST, "load"))])
+        raise AssertionError(f"loop.{node.attr} in a qualifying loop")  # the walker refused it
+    nested = isinstance(node, nodes.For)
+    for name, value in node.iter_fields():
+        # a nested loop's target and body have their own ``loop``; its iterable, filter and
+        # else block are evaluated where it stands
+        inner = in_loop and not (nested and name in ("target", "body"))
+        if isinstance(value, nodes.Node):
+            setattr(node, name, _positions(value, in_loop=inner))
+        elif isinstance(value, list):
+            setattr(node, name, [_positions(v, in_loop=inner) if isinstance(v, nodes.Node) else v for v in value])
+    return node

@@ -1,0 +1,57 @@
+"""The model's view compared with a request's history: the fast path for a history sent again
+unchanged gives what the step-by-step comparison gives."""
+
+from __future__ import annotations
+
+import random
+
+from openforge_proxy.domain.conversation import Message
+from openforge_proxy.domain.splice import MAX_MOVED_MESSAGES, _equal, _moved_user_messages
+
+
+def _reference(
+    seen: list[Message],
+    seen_turns: list[str | None],
+    sent: list[Message],
+    sent_turns: list[str | None],
+    kept: frozenset[int],
+) -> list[int] | None:
+    """The comparison one message at a time, as specified."""
+    if len(sent) > len(seen):
+        return None
+    missing: list[int] = []
+    j = 0
+    for i, msg in enumerate(seen):
+        if j < len(sent) and _equal(msg, seen_turns[i], sent[j], sent_turns[j]):
+            j += 1
+            continue
+        if i not in kept and (msg.role != "user" or seen_turns[i] is not None):
+            return None
+        missing.append(i)
+        if len([m for m in missing if m not in kept]) > MAX_MOVED_MESSAGES:
+            return None
+    return missing if j == len(sent) else None
+
+
+def test_moved_messages_equal_the_step_by_step_comparison() -> None:
+    rng = random.Random(3)
+    fast = 0
+    for _ in range(3000):
+        n = rng.randint(0, 8)
+        seen = [Message(role=rng.choice(["user", "assistant"]), content=f"m{rng.randint(0, 3)}") for _ in range(n)]
+        seen_turns = [f"t{i}" if m.role == "assistant" and rng.random() < 0.8 else None for i, m in enumerate(seen)]
+        sent, sent_turns = [], []
+        for msg, turn in zip(seen, seen_turns, strict=True):
+            op = rng.random()
+            if op < 0.1:
+                continue  # dropped
+            if op < 0.7:
+                sent.append(msg)  # the same object
+            else:  # another object, equal or not
+                sent.append(Message(role=msg.role, content=msg.content if rng.random() < 0.7 else "other"))
+            sent_turns.append(turn if rng.random() < 0.9 else rng.choice([None, "t99"]))
+        kept = frozenset(i for i in range(n) if rng.random() < 0.1)
+        want = _reference(seen, seen_turns, sent, sent_turns, kept)
+        assert _moved_user_messages(seen, seen_turns, sent, sent_turns, kept) == want
+        fast += want == [] and len(sent) == len(seen)
+    assert fast > 100
