@@ -12,6 +12,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from openforge.trainer.v1 import events_pb2
+from openforge_core import events
 from openforge_core.events import Delivery, EventBus, subject_for
 from openforge_core.settings import NatsSettings
 from openforge_testing.servers import NatsServer
@@ -139,6 +140,26 @@ async def test_trace_context_travels_in_headers(nats_server_fn: NatsServer) -> N
             await producer.publish(SUBJECT, _event(3), event_id=f"w/{uuid.uuid4()}")
         await got.wait_for(1)
         assert got.received[0][2] == trace_id
+    finally:
+        await producer.close()
+        await consumer.close()
+
+
+async def test_a_publish_outside_any_trace_has_a_producer_span_only_when_spans_are_exported(
+    nats_server_fn: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    producer, consumer = await _bus(nats_server_fn), await _bus(nats_server_fn)
+    try:
+        got = Collector()
+        await consumer.consume("c-notrace", [SUBJECT], [events_pb2.WeightsPublished], got)
+        name = events_pb2.WeightsPublished.DESCRIPTOR.full_name
+        await producer.publish_bytes(SUBJECT, _event(4).SerializeToString(), type_name=name, event_id="w/n4")
+        await producer.publish(SUBJECT, _event(5), event_id="w/n5")
+        monkeypatch.setattr(events, "exporting_spans", lambda: True)
+        await producer.publish(SUBJECT, _event(6), event_id="w/n6")
+        await got.wait_for(3)
+        parents = [trace.get_current_span(d.context).get_span_context().is_valid for _, d, _ in got.received]
+        assert parents == [False, False, True]  # no traceparent: no span nobody would see
     finally:
         await producer.close()
         await consumer.close()

@@ -15,7 +15,11 @@ Conventions (STYLE.md, "Events"):
 * Durable pull consumers; a message is acked only after its handler returned,
   nak'ed with a delay when the handler raised (so it is redelivered).
 * W3C ``traceparent`` travels in the headers: the consumer's handler runs in a
-  span whose parent is the publisher's, so one rollout is one trace.
+  span whose parent is the publisher's, so one rollout is one trace. A publish
+  has a producer span of its own when it is part of a trace (a recording span
+  is current) or when spans are exported; otherwise (the proxy's call records,
+  published from no trace) that span would be a root nobody sees, at tens of
+  microseconds a publish, and the event carries no ``traceparent``.
 """
 
 from __future__ import annotations
@@ -40,10 +44,20 @@ from opentelemetry import trace
 from openforge.common.v1 import common_pb2
 from openforge_core.errors import ErrorCode, OpenForgeError
 from openforge_core.settings import NatsSettings
-from openforge_core.telemetry import extract_context, inject_context
+from openforge_core.telemetry import exporting_spans, extract_context, inject_context
 
 log = structlog.get_logger(__name__)
 tracer = trace.get_tracer("openforge_core.events")
+
+
+def _producer_span(subject: str) -> contextlib.AbstractContextManager[Any]:
+    """The producer span of a publish: one when the publish is part of a trace or spans are
+    exported (:func:`~openforge_core.telemetry.exporting_spans`), else none (see the module
+    docstring)."""
+    if trace.get_current_span().is_recording() or exporting_spans():
+        return tracer.start_as_current_span(f"publish {subject}", kind=trace.SpanKind.PRODUCER)
+    return contextlib.nullcontext()
+
 
 TYPE_HEADER = "Openforge-Type"
 MSG_ID_HEADER = "Nats-Msg-Id"
@@ -220,7 +234,7 @@ class EventBus:
         if not event_id:
             raise ValueError("event_id must not be empty")
         await self.ensure_stream(_domain_of(subject))
-        with tracer.start_as_current_span(f"publish {subject}", kind=trace.SpanKind.PRODUCER):
+        with _producer_span(subject):
             headers = {TYPE_HEADER: message.DESCRIPTOR.full_name, MSG_ID_HEADER: event_id}
             inject_context(headers)
             data = message.SerializeToString()
@@ -257,7 +271,7 @@ class EventBus:
         if not type_name:
             raise ValueError("type_name must not be empty")
         await self.ensure_stream(_domain_of(subject))
-        with tracer.start_as_current_span(f"publish {subject}", kind=trace.SpanKind.PRODUCER):
+        with _producer_span(subject):
             headers = {TYPE_HEADER: type_name, MSG_ID_HEADER: event_id}
             inject_context(headers)
             self._check_size(data, headers)

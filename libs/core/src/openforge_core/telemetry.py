@@ -92,13 +92,23 @@ def configure_tracing(service: str) -> TracerProvider:
     Returns:
         The provider; call ``shutdown()`` on it at exit to flush spans.
     """
+    global _exporting
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        _exporting = True
     trace.set_tracer_provider(provider)
     return provider
+
+
+_exporting = False
+
+
+def exporting_spans() -> bool:
+    """Whether :func:`configure_tracing` set up an exporter (spans leave the process)."""
+    return _exporting
 
 
 def inject_context(headers: MutableMapping[str, str]) -> None:

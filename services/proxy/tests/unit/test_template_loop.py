@@ -181,7 +181,7 @@ def test_messages_holding_mark_characters_render_as_the_original_template(monkey
     assert tpl.render(again, cache=cache) == tpl.render(again)
     assert cache.context is None
     # a whole render leaves nothing known about the next one's text
-    assert cache.same_prefix == 0 and cache.head is None
+    assert cache.same_prefix == 0 and cache.text is None
 
 
 def test_a_whole_render_between_two_derived_ones_is_not_taken_for_the_previous_text() -> None:

@@ -49,7 +49,7 @@ from openforge_proxy.domain.record import CallRecordData, Recorder, RecordTooLar
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.scrub import scrub_headers, scrub_json_bytes
 from openforge_proxy.domain.sessions import Session, SessionRegistry
-from openforge_proxy.domain.splice import PromptPlan, Splicer
+from openforge_proxy.domain.splice import PromptPlan, Splicer, turn_id_of
 
 log = structlog.get_logger(__name__)
 
@@ -525,7 +525,6 @@ class CallHandler:
                 gen.feed(first, None)
                 async for delta in _until_finish(first, stream):
                     gen.feed(delta, None)
-            self._drain(stream, p.call_id)
             tail = gen.close(encoder if p.request.stream else None)
         except ClientGone:
             log.info(EV_CLIENT_GONE, call_id=p.call_id, attempt=p.attempt)
@@ -544,107 +543,113 @@ class CallHandler:
                 )
                 await responder.send_json(status, payload, extra)
             return
-        usage = gen.usage(p.plan.cached_tokens)
-        self._finish_ids(p, out)
-        if p.request.stream:
-            final = tail + encoder.finish(usage)
-        else:
-            ttfb = time.monotonic() - received
-            final = dumps(_response_body(p, out, usage))
-        sent.append(final)
-        turn = p.state.splicer.commit(p.plan, call_id=p.call_id, attempt=p.attempt, output=out, sampled=gen.ids)
-        self._sessions.record_usage(
-            p.session.rollout_id, new_call=p.new_call, tokens=usage0.prompt_tokens + len(gen.ids)
-        )
-        if pre is None:
-            pre = _PreRecord.of(p, body, self._recorder)
-        record = CallRecordData(
-            rollout_id=p.session.rollout_id,
-            run_id=p.session.run_id,
-            call_id=p.call_id,
-            attempt=p.attempt,
-            wire_api=wire,
-            model=p.request.model,
-            request_json=pre.request_json,
-            request_headers=scrub_headers(headers),
-            canonical_json=pre.canonical_json,
-            prompt=p.plan.prompt,
-            completion_ids=gen.ids,
-            logprobs=gen.logprobs,
-            policy_versions=gen.versions,
-            sampling=p.sampling.as_dict(),
-            finish=out.finish,
-            receive_time=receive_time,
-            ttfb_s=ttfb,
-            total_s=time.monotonic() - received,
-            splice=p.plan.report,
-            response_body=b"".join(sent),
-            stream=p.request.stream,
-            extra={"turn_id": turn.turn_id},
-            cut=pre.cut,
-            parts=pre.parts,
-        )
-        recording = asyncio.ensure_future(self._recorder.record(record))
-        held = False
-        if not p.request.stream:
+        # the RPC's end is read once the answer is out (what it costs is not on the answer's path)
+        try:
+            usage = gen.usage(p.plan.cached_tokens)
+            self._finish_ids(p, out)
+            if p.request.stream:
+                final = tail + encoder.finish(usage)
+            else:
+                ttfb = time.monotonic() - received
+                final = dumps(_response_body(p, out, usage))
+            sent.append(final)
+            if pre is None:
+                pre = _PreRecord.of(p, body, self._recorder)
+            turn_id = turn_id_of(p.call_id, p.attempt)
+            record = CallRecordData(
+                rollout_id=p.session.rollout_id,
+                run_id=p.session.run_id,
+                call_id=p.call_id,
+                attempt=p.attempt,
+                wire_api=wire,
+                model=p.request.model,
+                request_json=pre.request_json,
+                request_headers=scrub_headers(headers),
+                canonical_json=pre.canonical_json,
+                prompt=p.plan.prompt,
+                completion_ids=gen.ids,
+                logprobs=gen.logprobs,
+                policy_versions=gen.versions,
+                sampling=p.sampling.as_dict(),
+                finish=out.finish,
+                receive_time=receive_time,
+                ttfb_s=ttfb,
+                total_s=time.monotonic() - received,
+                splice=p.plan.report,
+                response_body=b"".join(sent),
+                stream=p.request.stream,
+                extra={"turn_id": turn_id},
+                cut=pre.cut,
+                parts=pre.parts,
+            )
+            recording = asyncio.ensure_future(self._recorder.record(record))
             # one turn: the record is encoded and queued, or refused (too large, no connection);
             # another: the bus client's writer sends it, so its acknowledgement is under way
-            # while the answer is written
+            # while the answer is written and the turn committed
             for _ in range(_PUBLISH_YIELDS):
                 await asyncio.sleep(0)
-            if not recording.done():
+            held = False
+            if not p.request.stream and not recording.done():
                 # all of the answer but its last byte leaves while the bus acknowledges the record:
                 # the harness holds no complete answer before the record is stored
                 await responder.hold_json(200, final, {id_header: request_id})
                 held = True
-        try:
-            await recording
-        except Exception as exc:
-            if isinstance(exc, RecordTooLarge):  # retrying cannot succeed: the harness must stop
-                log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=str(exc))
-                err = ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {exc}")
-            else:
-                log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=type(exc).__name__)
-                err = ApiError(ErrorKind.UNAVAILABLE, "the call could not be recorded; retry")
-            if held:  # the answer began: it is broken off, and the harness retries the call
-                responder.abort()
-            elif p.request.stream:
-                try:
-                    await responder.write(encoder.error(err.message))
-                except ClientGone:
-                    pass
-            else:
-                status, payload, extra = error_response(wire, err, request_id)
-                await responder.send_json(status, payload, extra)
-            return
-        p.state.recorded(record, turn.turn_id)
-        try:
-            if p.request.stream:
-                await responder.write(final)
-            elif held:
-                await responder.release()
-            else:
-                await responder.send_json(200, final, {id_header: request_id})
-        except ClientGone:
-            log.info(EV_CLIENT_GONE, call_id=p.call_id, attempt=p.attempt, after_record=True)
-            return
-        log.info(
-            EV_CALL_DONE,
-            rollout_id=p.session.rollout_id,
-            call_id=p.call_id,
-            attempt=p.attempt,
-            wire=wire.value,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens,
-            finish=out.finish.value,
-            break_cause=p.plan.report.break_cause.value,
-        )
+            # no request can hold this turn before its answer is complete (after the acknowledgement)
+            turn = p.state.splicer.commit(p.plan, call_id=p.call_id, attempt=p.attempt, output=out, sampled=gen.ids)
+            self._sessions.record_usage(
+                p.session.rollout_id, new_call=p.new_call, tokens=usage0.prompt_tokens + len(gen.ids)
+            )
+            try:
+                await recording
+            except Exception as exc:
+                if isinstance(exc, RecordTooLarge):  # retrying cannot succeed: the harness must stop
+                    log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=str(exc))
+                    err = ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {exc}")
+                else:
+                    log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=type(exc).__name__)
+                    err = ApiError(ErrorKind.UNAVAILABLE, "the call could not be recorded; retry")
+                if held:  # the answer began: it is broken off, and the harness retries the call
+                    responder.abort()
+                elif p.request.stream:
+                    try:
+                        await responder.write(encoder.error(err.message))
+                    except ClientGone:
+                        pass
+                else:
+                    status, payload, extra = error_response(wire, err, request_id)
+                    await responder.send_json(status, payload, extra)
+                return
+            p.state.recorded(record, turn.turn_id)
+            try:
+                if p.request.stream:
+                    await responder.write(final)
+                elif held:
+                    await responder.release()
+                else:
+                    await responder.send_json(200, final, {id_header: request_id})
+            except ClientGone:
+                log.info(EV_CLIENT_GONE, call_id=p.call_id, attempt=p.attempt, after_record=True)
+                return
+            log.info(
+                EV_CALL_DONE,
+                rollout_id=p.session.rollout_id,
+                call_id=p.call_id,
+                attempt=p.attempt,
+                wire=wire.value,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                cached_tokens=usage.cached_tokens,
+                finish=out.finish.value,
+                break_cause=p.plan.report.break_cause.value,
+            )
+        finally:
+            self._drain(stream, p.call_id)
 
     def _drain(self, stream: AsyncIterator[Delta], call_id: str) -> None:
-        """Reads a generation's stream to its end in the background once a delta said it finished:
-        the answer does not wait for the RPC's closing status, and the RPC still ends as the
-        engine ends it (not cancelled)."""
+        """Reads a generation's stream to its end in the background, once a delta said it finished
+        and the call's answer is out (or the call ended otherwise): the answer waits neither for
+        the RPC's closing status nor for the reading of it, and the RPC still ends as the engine
+        ends it (not cancelled)."""
 
         async def rest() -> None:
             try:

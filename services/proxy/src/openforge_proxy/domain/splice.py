@@ -685,7 +685,7 @@ class Splicer:
         Returns:
             The new turn.
         """
-        turn_id = f"{call_id}/{attempt}"
+        turn_id = turn_id_of(call_id, attempt)
         msg = Message(
             role="assistant",
             content=output.text,
@@ -732,6 +732,11 @@ class Splicer:
         while len(self.heads) > self._max_heads:
             self.heads.popitem(last=False)
         return gen
+
+
+def turn_id_of(call_id: str, attempt: int) -> str:
+    """The id of the turn an attempt of a call generates: ``<call_id>/<attempt>``."""
+    return f"{call_id}/{attempt}"
 
 
 def _resent_arguments(tc: Any) -> Any:

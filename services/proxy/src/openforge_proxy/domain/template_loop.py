@@ -90,8 +90,9 @@ class LoopCache:
         messages: The messages rendered (their template dicts).
         bodies: The text of each loop iteration.
         context: The other variables of that render.
-        head: The text before the loop in the last render, None when that render was whole
-            (:meth:`whole`) or there was none.
+        text: The last render's text, None when that render was whole (:meth:`whole`) or
+            there was none (the caller keeps it anyway: no copy).
+        head_len: The length of its text before the loop.
         reused: Iterations reused, over all renders (diagnostics and tests).
         off: The derived template's marks were not found once: renders are whole from then on.
         renders: Renders of the conversation, with the derived template or whole.
@@ -102,7 +103,8 @@ class LoopCache:
     messages: list[Mapping[str, Any]] = field(default_factory=list)
     bodies: list[str] = field(default_factory=list)
     context: dict[str, Any] | None = None
-    head: str | None = None
+    text: str | None = None
+    head_len: int = 0
     reused: int = 0
     off: bool = False
     renders: int = 0
@@ -111,7 +113,7 @@ class LoopCache:
     def whole(self) -> None:
         """Notes a render of the conversation made by the original template (the iterations
         kept are still those of the last derived render; the text before is unknown)."""
-        self.head, self.same_prefix = None, 0
+        self.text, self.same_prefix = None, 0
         self.renders += 1
 
 
@@ -179,16 +181,19 @@ class MessageLoop:
         old_bodies = cache.bodies
         bodies = texts[:first] + old_bodies[first:start] + texts[first:]
         known = 0
-        if head == cache.head:  # None after a whole render: nothing is known then
+        last = cache.text  # None after a whole render: nothing is known then
+        if last is not None and len(head) == cache.head_len and last.startswith(head):
             equal = 0  # leading iterations whose text is the previous render's
             while equal < min(len(bodies), len(old_bodies)) and bodies[equal] == old_bodies[equal]:
                 equal = start if first <= equal < start else equal + 1  # those between are reused
             known = len(head) + sum(map(len, bodies[:equal]))
-        cache.messages, cache.bodies, cache.context, cache.head = list(messages), bodies, dict(context), head
+        out = "".join([head, *bodies, tail])
+        cache.messages, cache.bodies, cache.context = list(messages), bodies, dict(context)
+        cache.text, cache.head_len = out, len(head)
         cache.reused += start - first
         cache.renders += 1
         cache.same_prefix = known
-        return "".join([head, *bodies, tail])
+        return out
 
 
 def _mark(i: int) -> str:
