@@ -93,7 +93,10 @@ class LoopCache:
         text: The last render's text, None when that render was whole (:meth:`whole`) or
             there was none (the caller keeps it anyway: no copy).
         head_len: The length of its text before the loop.
+        tail_len: The length of its text after the loop.
         reused: Iterations reused, over all renders (diagnostics and tests).
+        quiet: Renders that made only the iterations, the text around them being the last
+            render's (diagnostics and tests).
         off: The derived template's marks were not found once: renders are whole from then on.
         renders: Renders of the conversation, with the derived template or whole.
         same_prefix: How many leading characters of the last render are known to equal those
@@ -105,7 +108,9 @@ class LoopCache:
     context: dict[str, Any] | None = None
     text: str | None = None
     head_len: int = 0
+    tail_len: int = 0
     reused: int = 0
+    quiet: int = 0
     off: bool = False
     renders: int = 0
     same_prefix: int = 0
@@ -126,8 +131,11 @@ class MessageLoop:
         lookbehind: How many before (the first iterations read from the end of the list).
     """
 
-    def __init__(self, template: jinja2.Template, lookahead: int, lookbehind: int) -> None:
+    def __init__(
+        self, template: jinja2.Template, lookahead: int, lookbehind: int, quiet: jinja2.Template | None = None
+    ) -> None:
         self._template = template
+        self._quiet = quiet
         self.lookahead = lookahead
         self.lookbehind = lookbehind
 
@@ -140,16 +148,12 @@ class MessageLoop:
         except _NotLocal:
             return None
 
-        at = nodes.Name(_AT, "load")
-        loop.iter = nodes.Name(_ROWS, "load")
-        loop.target = nodes.Tuple([nodes.Name(_AT, "store"), loop.target], "store")
-        body = [_positions(child, in_loop=True) for child in loop.body]
-        loop.body = [nodes.Output([nodes.Call(nodes.Name(_MARK, "load"), [at], [], None, None)]), *body]
+        _rows(loop)
         index = tree.body.index(loop)
         tree.body.insert(index + 1, nodes.Output([nodes.TemplateData(_END)]))
         tree.set_lineno(loop.lineno)
         tree.set_environment(env)
-        return MessageLoop(env.from_string(tree), lookahead, lookbehind)
+        return MessageLoop(env.from_string(tree), lookahead, lookbehind, _quiet_template(env, source))
 
     def render(self, cache: LoopCache, messages: Sequence[Mapping[str, Any]], context: dict[str, Any]) -> str | None:
         """The template's text for ``messages`` and the other variables ``context``, rendering
@@ -158,8 +162,9 @@ class MessageLoop:
         if cache.off or not _OWN.isdisjoint(context):
             return None
         start = 0
-        if cache.context is not None and _same(cache.context, context):
-            old = cache.messages
+        old = cache.messages
+        same_context = cache.context is not None and _same(cache.context, context)
+        if same_context:
             n = min(len(old), len(messages))
             # the messages a session sends again are mostly the same objects: skip those at C speed
             identical = list(map(operator.is_, messages[:n], old[:n]))
@@ -170,10 +175,27 @@ class MessageLoop:
         first = min(self.lookbehind, start)  # these read from the end of the list: rendered too
         rendered = [*range(first), *range(start, len(messages))]
         rows = [(i, messages[i]) for i in rendered]
-        text = self._template.render(
-            **context, messages=messages, **{_ROWS: rows, _MARK: _mark, _LAST: len(messages) - 1}
-        )
-        parts = _split(text, rendered)
+        variables = {**context, "messages": messages, _ROWS: rows, _MARK: _mark, _LAST: len(messages) - 1}
+        last = cache.text  # None after a whole render: nothing is known then
+        parts = None
+        if (
+            self._quiet is not None
+            and same_context
+            and last is not None
+            and messages
+            and old
+            and (messages[0] is old[0] or _equal(messages[0], old[0]))
+        ):
+            # the text before and after the loop is the last render's: only the iterations are made
+            parts = _split(self._quiet.render(variables), rendered)
+            if parts is not None and not parts[0] and not parts[2]:
+                head, tail = last[: cache.head_len], last[len(last) - cache.tail_len :]
+                parts = head, parts[1], tail
+                cache.quiet += 1
+            else:  # not seen: the template writes around the iterations after all
+                parts = None
+        if parts is None:
+            parts = _split(self._template.render(variables), rendered)
         if parts is None:  # not seen with a template that qualifies; if it were, stop trying
             cache.context, cache.off = None, True
             return None
@@ -181,7 +203,6 @@ class MessageLoop:
         old_bodies = cache.bodies
         bodies = texts[:first] + old_bodies[first:start] + texts[first:]
         known = 0
-        last = cache.text  # None after a whole render: nothing is known then
         if last is not None and len(head) == cache.head_len and last.startswith(head):
             equal = 0  # leading iterations whose text is the previous render's
             while equal < min(len(bodies), len(old_bodies)) and bodies[equal] == old_bodies[equal]:
@@ -189,7 +210,7 @@ class MessageLoop:
             known = len(head) + sum(map(len, bodies[:equal]))
         out = "".join([head, *bodies, tail])
         cache.messages, cache.bodies, cache.context = list(messages), bodies, dict(context)
-        cache.text, cache.head_len = out, len(head)
+        cache.text, cache.head_len, cache.tail_len = out, len(head), len(tail)
         cache.reused += start - first
         cache.renders += 1
         cache.same_prefix = known
@@ -368,3 +389,65 @@ def _positions(node: nodes.Node, *, in_loop: bool) -> nodes.Node:
         elif isinstance(value, list):
             setattr(node, name, [_positions(v, in_loop=inner) if isinstance(v, nodes.Node) else v for v in value])
     return node
+
+
+def _rows(loop: nodes.For) -> None:
+    """Makes the message loop step through ``openforge_loop_rows`` (position, message), each
+    iteration starting with its mark, its ``loop`` attributes computed from the position."""
+    loop.iter = nodes.Name(_ROWS, "load")
+    loop.target = nodes.Tuple([nodes.Name(_AT, "store"), loop.target], "store")
+    body = [_positions(child, in_loop=True) for child in loop.body]
+    mark = nodes.Output([nodes.Call(nodes.Name(_MARK, "load"), [nodes.Name(_AT, "load")], [], None, None)])
+    loop.body = [mark, *body]
+
+
+def _quiet_template(env: jinja2.Environment, source: str) -> jinja2.Template | None:
+    """The derived template that writes only the rendered iterations (and their marks), or None.
+
+    What a qualifying template writes before and after its message loop depends only on the
+    render's other variables and ``messages[0]`` (the walker allows ``messages`` outside the
+    loop only as ``messages[0]``; nothing is random or read from the clock), so with those
+    unchanged it is the last render's text. The statements before the loop still run, without
+    writing (their assignments may be read in the loop); those after it cannot change the loop
+    and are left out. None when a statement before the loop is one this does not take apart.
+    """
+    tree = env.parse(source)
+    try:
+        loop, _, _ = _check(tree)
+        before = _quiet_all(tree.body[: tree.body.index(loop)])
+    except _NotLocal:
+        return None
+    _rows(loop)
+    tree.body = [*before, loop, nodes.Output([nodes.TemplateData(_END)])]
+    tree.set_environment(env)
+    return env.from_string(tree)
+
+
+def _quiet(node: nodes.Node) -> nodes.Node | None:
+    """``node`` without what it writes (None when it only writes); raises :class:`_NotLocal` for
+    a statement it does not take apart."""
+    if isinstance(node, nodes.Output):
+        return None
+    if isinstance(node, (nodes.Macro, nodes.Assign, nodes.AssignBlock)):  # a set block's text is its value
+        return node
+    if isinstance(node, nodes.If):
+        node.body = _quiet_all(node.body)
+        node.elif_ = [_quiet_if(e) for e in node.elif_]
+        node.else_ = _quiet_all(node.else_)
+        return node
+    if isinstance(node, (nodes.For, nodes.With)):
+        node.body = _quiet_all(node.body)
+        if isinstance(node, nodes.For):
+            node.else_ = _quiet_all(node.else_)
+        return node
+    raise _NotLocal(f"{type(node).__name__} before the loop")
+
+
+def _quiet_if(node: nodes.If) -> nodes.If:
+    quiet = _quiet(node)
+    assert isinstance(quiet, nodes.If)
+    return quiet
+
+
+def _quiet_all(body: list[nodes.Node]) -> list[nodes.Node]:
+    return [q for q in map(_quiet, body) if q is not None]
