@@ -178,6 +178,7 @@ class MessageLoop:
         variables = {**context, "messages": messages, _ROWS: rows, _MARK: _mark, _LAST: len(messages) - 1}
         last = cache.text  # None after a whole render: nothing is known then
         parts = None
+        same_head = False
         if (
             self._quiet is not None
             and same_context
@@ -192,6 +193,7 @@ class MessageLoop:
                 head, tail = last[: cache.head_len], last[len(last) - cache.tail_len :]
                 parts = head, parts[1], tail
                 cache.quiet += 1
+                same_head = True
             else:  # not seen: the template writes around the iterations after all
                 parts = None
         if parts is None:
@@ -203,7 +205,10 @@ class MessageLoop:
         old_bodies = cache.bodies
         bodies = texts[:first] + old_bodies[first:start] + texts[first:]
         known = 0
-        if last is not None and len(head) == cache.head_len and last.startswith(head):
+        # the head cut from the last text is not compared with it: a slice whose characters are all
+        # narrower than its text's widest is stored narrower, and strings stored at different
+        # widths are compared character by character (a tenth of a millisecond for a long head)
+        if same_head or (last is not None and len(head) == cache.head_len and last.startswith(head)):
             equal = 0  # leading iterations whose text is the previous render's
             while equal < min(len(bodies), len(old_bodies)) and bodies[equal] == old_bodies[equal]:
                 equal = start if first <= equal < start else equal + 1  # those between are reused
