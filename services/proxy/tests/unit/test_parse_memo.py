@@ -308,3 +308,46 @@ def test_tools_that_are_not_a_list_are_refused_naming_the_field() -> None:
     body["tools"] = {"name": "Bash"}
     with pytest.raises(InvalidArgument, match="tools"):
         anthropic.parse(body, ConversationMemo())
+
+
+@pytest.mark.parametrize("protocol", [anthropic, chat])
+def test_tool_names_of_reused_messages_follow_edits_of_the_history(protocol: Any) -> None:
+    """A tool result names its tool from the assistant message that called it; when the whole
+    previous request is reused its names are the previous parse's, including after an edit that
+    gave a call id another tool."""
+
+    def call(call_id: str, name: str) -> dict[str, Any]:
+        if protocol is anthropic:
+            return {"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": name, "input": {}}]}
+        tc = {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
+        return {"role": "assistant", "content": None, "tool_calls": [tc]}
+
+    def result(call_id: str) -> dict[str, Any]:
+        if protocol is anthropic:
+            return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": "ok"}]}
+        return {"role": "tool", "tool_call_id": call_id, "content": "ok"}
+
+    user = {"role": "user", "content": "go"}
+    histories = [
+        [user, call("t1", "Bash")],
+        [user, call("t1", "Bash"), result("t1"), call("t2", "Read")],
+        [user, call("t1", "Edit"), result("t1"), call("t2", "Read")],  # t1 now calls another tool
+        [user, call("t1", "Edit"), result("t1"), call("t2", "Read"), result("t2"), call("t1", "Grep")],
+        [user, call("t1", "Edit"), result("t1"), call("t2", "Read"), result("t2"), call("t1", "Grep"), result("t1")],
+    ]
+    memo = ConversationMemo()
+    bodies = BodyMemo()
+    want_names = [[], ["Bash"], ["Edit"], ["Edit", "Read"], ["Edit", "Read", "Grep"]]
+    for history, names in zip(histories, want_names, strict=True):
+        body = {"model": "m", "max_tokens": 8, "messages": history}
+        got = protocol.parse(bodies.loads(orjson.dumps(body)), memo)
+        _same_as_fresh(got, body, protocol)
+        assert [m.name for m in got.messages if m.role == "tool"] == names
+    # a request refused half-way through its parse leaves the names kept as they were
+    grown = [*histories[-1], call("t3", "Zzz"), 5]
+    with pytest.raises(InvalidArgument):
+        protocol.parse(bodies.loads(orjson.dumps({"model": "m", "max_tokens": 8, "messages": grown})), memo)
+    body = {"model": "m", "max_tokens": 8, "messages": [*histories[-1], result("t3")]}  # t3 was never called
+    got = protocol.parse(bodies.loads(orjson.dumps(body)), memo)
+    _same_as_fresh(got, body, protocol)
+    assert [m.name for m in got.messages if m.role == "tool"][-1] != "Zzz"

@@ -319,7 +319,8 @@ class Resume:
             a new list, to be extended.
         ends: Canonical messages up to and including each reused entry; a new list.
         names: Tool-call id → tool name of the reused assistant messages (tool results
-            name their tool from it).
+            name their tool from it); the parse adds those of the messages it converts, and
+            :meth:`ConversationMemo.commit` keeps the whole map for the next request.
         head_reused: The head (what precedes the entries) is the previous request's, and so
             are its messages at the start of :attr:`messages`; False: convert the head too.
     """
@@ -357,6 +358,7 @@ class ConversationMemo:
     _tools_value: Any = _NOTHING
     _tools: list[Tool] = field(default_factory=list)
     _objs: list[Any] = field(default_factory=list)  # the previous request's entry objects
+    _names: dict[str, str] = field(default_factory=dict)  # tool-call id -> name, all its messages
 
     def tools(self, protocol: str, raw: Any, convert: Callable[[Any], list[Tool]]) -> list[Tool]:
         """:func:`shared_tools` of ``raw``; the previous request's list when ``raw`` is the same
@@ -398,10 +400,13 @@ class ConversationMemo:
         if not self.messages or head_json != self.head:
             return Resume(0, [], [], {}, False, head_json, head, entries, list(raws))
         messages = self.messages[: self.ends[k - 1] if k else self.base]
-        names: dict[str, str] = {}
-        for m in messages:
-            if m.tool_calls:
-                names.update({tc.id: tc.name for tc in m.tool_calls})
+        if k and k == len(old):  # every message of the previous request: its names, as its parse left them
+            names = dict(self._names)
+        else:
+            names = {}
+            for m in messages:
+                if m.tool_calls:
+                    names.update({tc.id: tc.name for tc in m.tool_calls})
         return Resume(k, messages, self.ends[:k], names, True, head_json, head, entries, list(raws))
 
     def commit(self, resume: Resume, messages: list[Message], ends: list[int], base: int) -> None:
@@ -416,6 +421,7 @@ class ConversationMemo:
         self.head, self.raw, self._objs = resume._head, resume._entries, resume._objs
         self._head_value = resume._head_value
         self.base, self.ends, self.messages = base, ends, list(messages)
+        self._names = resume.names  # the parse added the names of the messages it converted
 
 
 def begin(memo: ConversationMemo | None, head: Any, raws: list[Any]) -> Resume:
