@@ -344,6 +344,61 @@ class _RenderMemo:
         return lo or None
 
 
+#: Which rule of :meth:`Splicer.match` decided: a reference, the turn following the
+#: predecessor's, any turn saying the same, none.
+_BY_REF, _BY_AFTER, _BY_FP, _BY_NONE = range(4)
+_NEVER = 1 << 62
+
+
+@dataclass
+class _Matching:
+    """A build's matching, and the first message each kind of new turn could change.
+
+    Attributes:
+        messages: The request's messages.
+        matched: Parallel: their generated turns.
+        vias: Parallel: the rule that decided (:data:`_BY_REF`...).
+        previous: Parallel: the turn the previous assistant message matched, before each.
+        commits: Turns committed before this build (:attr:`Splicer._commits`).
+        by_ref: Normalized reference -> the first assistant message carrying it.
+        by_key: (previous turn, fingerprint) -> the first assistant message the reference
+            rule did not decide with them.
+        by_fp: Fingerprint -> the first assistant message neither of the first two rules decided.
+    """
+
+    messages: list[Message]
+    matched: list[str | None]
+    vias: list[int]
+    previous: list[str | None]
+    commits: int
+    by_ref: dict[str, int] = field(default_factory=dict)
+    by_key: dict[tuple[str | None, str], int] = field(default_factory=dict)
+    by_fp: dict[str, int] = field(default_factory=dict)
+
+    def index(self, start: int) -> None:
+        """Adds the messages from ``start`` on to the maps (an earlier message keeps its place)."""
+        for i in range(start, len(self.messages)):
+            msg = self.messages[i]
+            if msg.role != "assistant":
+                continue
+            for ref in msg.refs:
+                if ref:  # an empty reference is never looked up
+                    self.by_ref.setdefault(norm_ref(ref), i)
+            via = self.vias[i]
+            if via != _BY_REF:
+                fp = message_fingerprint(msg)
+                self.by_key.setdefault((self.previous[i], fp), i)
+                if via != _BY_AFTER:
+                    self.by_fp.setdefault(fp, i)
+
+    def first_changed(self, gen: GeneratedTurn, refs: list[str]) -> int:
+        """The first message whose match the new turn ``gen`` (its normalized references
+        ``refs``) could change (:data:`_NEVER` when none)."""
+        first = min((self.by_ref.get(r, _NEVER) for r in refs), default=_NEVER)
+        first = min(first, self.by_key.get((gen.parent, gen.fingerprint), _NEVER))
+        return min(first, self.by_fp.get(gen.fingerprint, _NEVER))
+
+
 @dataclass(frozen=True)
 class _Forms:
     """A render's conversation and its template forms.
@@ -413,6 +468,8 @@ class Splicer:
         self._loop_cache = LoopCache()  # the template's previous render (template_loop)
         self._tools: tuple[Sequence[Tool], tuple[str, list[dict[str, Any]]]] | None = None
         self._forms: _Forms | None = None  # the last render's template forms
+        self._matching: _Matching | None = None  # the last build's matching
+        self._commits: list[tuple[GeneratedTurn, list[str]]] = []  # each turn, its normalized references
 
     # --- matching -----------------------------------------------------------
 
@@ -434,18 +491,23 @@ class Splicer:
             turns saying the same, the latest one following ``previous`` in the model's
             view; else the latest one saying the same; else None.
         """
+        return self._match_via(msg, used, previous)[0]
+
+    def _match_via(self, msg: Message, used: set[str], previous: str | None) -> tuple[str | None, int]:
+        """:meth:`match`, and which of its rules decided (:data:`_BY_REF`, :data:`_BY_AFTER`,
+        :data:`_BY_FP` or :data:`_BY_NONE`)."""
         fp = message_fingerprint(msg)
         for ref in msg.refs:
             turn = self.turn_of_ref(ref)
             if turn is not None and self.turns[turn].fingerprint == fp:
-                return turn
+                return turn, _BY_REF
         for turn in reversed(self._after.get((previous, fp), ())):
             if turn not in used:
-                return turn
+                return turn, _BY_AFTER
         for turn in reversed(self._fps.get(fp, ())):
             if turn not in used:
-                return turn
-        return None
+                return turn, _BY_FP
+        return None, _BY_NONE
 
     # --- building -----------------------------------------------------------
 
@@ -490,17 +552,7 @@ class Splicer:
             jinja2.TemplateError: The template refused the conversation.
         """
         tools_key, tool_dicts = tools_of if tools_of is not None else self.tools_key(tools)
-        used: set[str] = set()
-        matched: list[str | None] = []
-        previous: str | None = None
-        for msg in messages:
-            turn = None
-            if msg.role == "assistant":
-                turn = self.match(msg, used, previous)
-                previous = turn
-            if turn is not None:
-                used.add(turn)
-            matched.append(turn)
+        matched = self._match_all(messages)
         report = SpliceReport()
         view, turns, head, kept = self._reconcile(messages, matched, tools_key, report)
         prompt, reused, rendered = self._render(view, turns, tool_dicts)
@@ -521,6 +573,52 @@ class Splicer:
         if retry_of:
             report.retry(retry_of)
         return PromptPlan(prompt, self._prefill_ids, view, turns, tools_key, report, cached, kept)
+
+    def _match_all(self, messages: list[Message]) -> list[str | None]:
+        """The generated turn of each message (:meth:`match` in order: each assistant message
+        against the turns not matched before it, following the previous one's).
+
+        The leading messages that are the previous build's same objects keep that build's
+        turns unless a turn generated since could change them: :meth:`match` reads the turns
+        of a message's references, the turns following its predecessor that say the same, and,
+        when those gave nothing, every turn saying the same. A new turn changes nothing for a
+        message whose references it does not carry, whose (predecessor, fingerprint) it does
+        not have, and, for one the first two rules did not decide, whose fingerprint it does
+        not have (:class:`_Matching` finds the first message each new turn could change).
+        """
+        memo = self._matching
+        k = 0
+        if memo is not None:
+            n = min(len(messages), len(memo.messages))
+            identical = list(map(operator.is_, messages[:n], memo.messages[:n]))
+            k = identical.index(False) if False in identical else n
+            for gen, refs in self._commits[memo.commits :]:
+                k = min(k, memo.first_changed(gen, refs))
+        matched: list[str | None] = []
+        vias: list[int] = []
+        prevs: list[str | None] = []
+        if memo is not None and k:
+            matched, vias, prevs = memo.matched[:k], memo.vias[:k], memo.previous[:k]
+        used = set(filter(None, matched))
+        previous = next((matched[j] for j in range(k - 1, -1, -1) if messages[j].role == "assistant"), None)
+        for msg in messages[k:]:
+            turn, via = None, _BY_NONE
+            prevs.append(previous)
+            if msg.role == "assistant":
+                turn, via = self._match_via(msg, used, previous)
+                previous = turn
+            if turn is not None:
+                used.add(turn)
+            matched.append(turn)
+            vias.append(via)
+        out = _Matching(messages, matched, vias, prevs, len(self._commits))
+        if memo is not None and k == len(memo.messages):  # it only grew: the earlier entries are kept
+            out.by_ref, out.by_key, out.by_fp = memo.by_ref, memo.by_key, memo.by_fp
+            out.index(k)
+        else:
+            out.index(0)
+        self._matching = out
+        return list(matched)
 
     def _reconcile(
         self, messages: list[Message], matched: list[str | None], tools_key: str, report: SpliceReport
@@ -709,8 +807,10 @@ class Splicer:
             parent=next((t for t in reversed(plan.turns) if t is not None), None),
         )
         self.turns[turn_id] = gen
-        for ref in output.refs():
-            self._refs[norm_ref(ref)] = turn_id
+        refs = [norm_ref(ref) for ref in output.refs()]
+        for ref in refs:
+            self._refs[ref] = turn_id
+        self._commits.append((gen, refs))
         self._fps.setdefault(fp, []).append(turn_id)
         self._after.setdefault((gen.parent, fp), []).append(turn_id)
         tokens = plan.prompt.ids + array("i", sampled)
