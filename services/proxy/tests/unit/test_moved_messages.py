@@ -55,3 +55,21 @@ def test_moved_messages_equal_the_step_by_step_comparison() -> None:
         assert _moved_user_messages(seen, seen_turns, sent, sent_turns, kept) == want
         fast += want == [] and len(sent) == len(seen)
     assert fast > 100
+
+
+def test_messages_nested_deeper_than_python_compares_are_taken_for_different() -> None:
+    import orjson
+
+    from openforge_proxy.domain.conversation import ToolCall
+    from openforge_proxy.domain.splice import _same
+
+    deep = b"[" * 1000 + b"]" * 1000
+
+    def message() -> Message:
+        return Message(
+            role="assistant", content="", tool_calls=[ToolCall(id="c", name="f", arguments=orjson.loads(deep))]
+        )
+
+    a, b = message(), message()
+    assert _same(a, a)
+    assert not _same(a, b)  # equal, but too deep to compare: rendered again rather than failing

@@ -12,6 +12,7 @@ import copy
 import random
 from typing import Any
 
+import orjson
 import pytest
 
 from openforge_proxy.domain import template_loop
@@ -97,6 +98,14 @@ _REJECTED = {
         "{% endmacro %}{% endif %}{% for message in messages %}{{ dict(f=m).f() }}{% endfor %}"
     ),
     "break": "{% for message in messages %}{% if message.role == 'x' %}{% break %}{% endif %}.{% endfor %}",
+    # a one-shot iterator kept outside the loop: the first iteration reading it uses it up
+    "one-shot iterator": (
+        "{% set names = tools | map(attribute='function') | map(attribute='name') %}"
+        "{% for message in messages %}{{ names | join(',') }}{% endfor %}"
+    ),
+    "items": "{% set kv = {'a': 1} | items %}{% for message in messages %}{{ kv | list }}{% endfor %}",
+    # identity: the cache compares messages by value
+    "sameas": "{% for message in messages %}{{ 'again' if message is sameas messages[0] }}{% endfor %}",
     **{
         f"private name {name}": f"{{% for message in messages %}}{{{{ {name} }}}}{{% endfor %}}"
         for name in sorted(template_loop._OWN)
@@ -241,3 +250,46 @@ def test_values_equal_to_python_but_rendered_otherwise_are_rendered_again() -> N
     for messages, effort in runs:
         want = tpl.render(copy.deepcopy(messages), effort=effort)
         assert tpl.render(messages, cache=cache, effort=effort) == want
+
+
+# the text around the loop: stateful calls in what is written, names assigned after the loop
+_AROUND = {
+    "changed": (
+        "{% set ns = namespace(x='') %}"
+        "{% for t in ['a', 'b'] %}{{ loop.changed(t) }}{% if loop.changed(t) %}{% set ns.x = ns.x ~ t %}{% endif %}"
+        "{% endfor %}|{% for message in messages %}{{ ns.x }}{{ message.content }};{% endfor %}"
+    ),
+    "set after the loop": (
+        "{% for message in messages %}[{{ enable_thinking }}]{{ message.content }}{% endfor %}"
+        "{% set enable_thinking = false %}{{ enable_thinking }}"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_AROUND))
+def test_the_text_around_the_loop_is_reused_only_where_it_cannot_differ(name: str) -> None:
+    tpl = ChatTemplate(_AROUND[name])
+    assert tpl.incremental
+    cache = LoopCache()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    for i in range(4):
+        assert tpl.render(messages, cache=cache, enable_thinking=True) == ChatTemplate(_AROUND[name]).render(
+            copy.deepcopy(messages), enable_thinking=True
+        )
+        messages = [*messages, {"role": "assistant", "content": f"a{i}"}]
+    assert cache.reused > 0
+    assert (cache.quiet > 0) == (name != "changed")
+
+
+def test_messages_nested_deeper_than_python_recursion_compare_without_error() -> None:
+    source = "{% for message in messages %}<{{ message.role }}>{{ message.content }}{% endfor %}"
+    tpl = ChatTemplate(source)
+    deep = orjson.dumps([{"role": "assistant", "content": "", "args": "ARGS"}]).replace(
+        b'"ARGS"', b"[" * 1000 + b"]" * 1000
+    )
+    cache = LoopCache()
+    tpl.render([{"role": "user", "content": "hi"}, *orjson.loads(deep)], cache=cache)
+    # the same conversation parsed again (equal objects, not the same ones), and one more message
+    messages = [{"role": "user", "content": "hi"}, *orjson.loads(deep), {"role": "user", "content": "next"}]
+    assert tpl.render(messages, cache=cache) == tpl.render(messages)
+    assert cache.reused > 0

@@ -417,7 +417,12 @@ class _Forms:
 
 
 def _same(a: Message, b: Message) -> bool:
-    return a is b or a.template_dict() == b.template_dict()
+    if a is b:
+        return True
+    try:
+        return a.template_dict() == b.template_dict()
+    except RecursionError:  # nested deeper than Python compares: taken for different (rendered again)
+        return False
 
 
 class Splicer:

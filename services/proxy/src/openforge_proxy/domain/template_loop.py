@@ -68,6 +68,11 @@ _PURE_CALLS = frozenset({"raise_exception", "range", "namespace", "dict"})
 _STATEFUL = frozenset({"strftime_now", "cycler", "joiner", "lipsum"})
 #: ``loop`` attributes whose value depends only on an iteration's position.
 _POSITION = frozenset({"index0", "index", "first", "last"})
+#: Filters whose value is a one-shot iterator: stored by a statement outside the loop, it is used
+#: up by whichever iteration (or statement) reads it first.
+_ONE_SHOT = frozenset(
+    {"map", "select", "reject", "selectattr", "rejectattr", "unique", "batch", "slice", "reverse", "items"}
+)
 #: Marks of the derived template's output: private-use characters around a random nonce of
 #: this process, which never leaves it (the marks are cut out of the text), so no message can
 #: hold one.
@@ -233,18 +238,30 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def _equal(a: Any, b: Any) -> bool:
     """Equal values that a template renders alike: of the same types, dict keys in the same
     order, floats with the same sign (``==`` takes ``1``, ``1.0`` and ``True`` for one another,
-    ``0.0`` for ``-0.0``, and ignores key order, all of which ``tojson`` or ``~`` can show)."""
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    if type(a) is dict:
-        return list(a) == list(b) and all(_equal(a[k], b[k]) for k in a)
-    if type(a) is list or type(a) is tuple:
-        return len(a) == len(b) and all(map(_equal, a, b))
-    if type(a) is float:
-        return repr(a) == repr(b)
-    return bool(a == b)
+    ``0.0`` for ``-0.0``, and ignores key order, all of which ``tojson`` or ``~`` can show).
+    Compared with a stack of its own, not by recursion: JSON may nest deeper than Python's
+    recursion limit."""
+    pending = [(a, b)]
+    while pending:
+        a, b = pending.pop()
+        if a is b:
+            continue
+        if type(a) is not type(b):
+            return False
+        if type(a) is dict:
+            if list(a) != list(b):
+                return False
+            pending.extend((a[k], b[k]) for k in a)
+        elif type(a) is list or type(a) is tuple:
+            if len(a) != len(b):
+                return False
+            pending.extend(zip(a, b, strict=True))
+        elif type(a) is float:
+            if repr(a) != repr(b):
+                return False
+        elif not a == b:
+            return False
+    return True
 
 
 def _split(text: str, rendered: list[int]) -> tuple[str, list[str], str] | None:
@@ -313,6 +330,10 @@ class _Walker:
             return
         if isinstance(node, nodes.Filter) and node.name == "random":
             raise _NotLocal("chance")
+        if isinstance(node, nodes.Filter) and node.name in _ONE_SHOT and not (in_loop or in_macro or self._inside_loop):
+            raise _NotLocal(f"a one-shot iterator ({node.name}) made outside the loop")
+        if isinstance(node, nodes.Test) and node.name == "sameas":
+            raise _NotLocal("identity (the cache compares messages by value)")
         if isinstance(node, nodes.Macro) and id(node) not in self.top_macros:
             raise _NotLocal("a macro defined below the top level")
         if isinstance(node, nodes.Break) and in_loop:
@@ -411,19 +432,26 @@ def _quiet_template(env: jinja2.Environment, source: str) -> jinja2.Template | N
 
     What a qualifying template writes before and after its message loop depends only on the
     render's other variables and ``messages[0]`` (the walker allows ``messages`` outside the
-    loop only as ``messages[0]``; nothing is random or read from the clock), so with those
-    unchanged it is the last render's text. The statements before the loop still run, without
-    writing (their assignments may be read in the loop); those after it cannot change the loop
-    and are left out. None when a statement before the loop is one this does not take apart.
+    loop only as ``messages[0]``; nothing is random, read from the clock, or a one-shot
+    iterator kept outside the loop), so with those unchanged it is the last render's text. The
+    statements around the loop still run, without writing (their assignments may be read in
+    the loop, and decide which names are the template's own). None when a statement around the
+    loop is one this does not take apart, or the template calls ``loop.changed()`` (what the
+    dropped writing calls would change what the kept statements see).
     """
     tree = env.parse(source)
     try:
         loop, _, _ = _check(tree)
-        before = _quiet_all(tree.body[: tree.body.index(loop)])
+        if any(_is_loop_attr(g, "changed") for g in tree.find_all(nodes.Getattr)):
+            raise _NotLocal("loop.changed() keeps state: what the text around the loop calls counts")
+        at = tree.body.index(loop)
+        before, after = _quiet_all(tree.body[:at]), _quiet_all(tree.body[at + 1 :])
     except _NotLocal:
         return None
     _rows(loop)
-    tree.body = [*before, loop, nodes.Output([nodes.TemplateData(_END)])]
+    # the statements after the loop stay (without writing): a name a template assigns anywhere at
+    # its top level is the template's own from its start (Jinja reads it as undefined before)
+    tree.body = [*before, loop, nodes.Output([nodes.TemplateData(_END)]), *after]
     tree.set_environment(env)
     return env.from_string(tree)
 
@@ -456,3 +484,7 @@ def _quiet_if(node: nodes.If) -> nodes.If:
 
 def _quiet_all(body: list[nodes.Node]) -> list[nodes.Node]:
     return [q for q in map(_quiet, body) if q is not None]
+
+
+def _is_loop_attr(node: nodes.Getattr, attr: str) -> bool:
+    return isinstance(node.node, nodes.Name) and node.node.name == "loop" and node.attr == attr
