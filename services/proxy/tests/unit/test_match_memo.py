@@ -122,3 +122,13 @@ def test_reused_matches_equal_matching_again(runtime: ModelRuntime, monkeypatch:
             grown = [*messages, _echo(out, rng), Message(role="user", content=f"result {calls}")]
             threads[t] = grown
     assert compared > 500 and reused > 200
+
+
+def test_a_list_grown_in_place_between_two_builds_is_matched_whole(runtime: ModelRuntime) -> None:
+    splicer = _splicer(runtime)
+    messages = [Message(role="system", content="S"), Message(role="user", content="go")]
+    plan = splicer.build(messages, [])
+    splicer.commit(plan, call_id="c1", attempt=1, output=AssistantOutput(text="OK.", ids={"m": "msg1"}), sampled=[5])
+    messages.append(Message(role="assistant", content="OK.", refs=["msg1"]))  # the same list object, grown
+    messages.append(Message(role="user", content="next"))
+    assert splicer._match_all(messages) == [None, None, "c1/1", None]

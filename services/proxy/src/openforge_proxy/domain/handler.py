@@ -555,6 +555,10 @@ class CallHandler:
             sent.append(final)
             if pre is None:
                 pre = _PreRecord.of(p, body, self._recorder)
+            # before anything is published or sent: a session gone meanwhile fails the call cleanly
+            self._sessions.record_usage(
+                p.session.rollout_id, new_call=p.new_call, tokens=usage0.prompt_tokens + len(gen.ids)
+            )
             turn_id = turn_id_of(p.call_id, p.attempt)
             record = CallRecordData(
                 rollout_id=p.session.rollout_id,
@@ -595,10 +599,13 @@ class CallHandler:
                 await responder.hold_json(200, final, {id_header: request_id})
                 held = True
             # no request can hold this turn before its answer is complete (after the acknowledgement)
-            turn = p.state.splicer.commit(p.plan, call_id=p.call_id, attempt=p.attempt, output=out, sampled=gen.ids)
-            self._sessions.record_usage(
-                p.session.rollout_id, new_call=p.new_call, tokens=usage0.prompt_tokens + len(gen.ids)
-            )
+            try:
+                turn = p.state.splicer.commit(p.plan, call_id=p.call_id, attempt=p.attempt, output=out, sampled=gen.ids)
+            except BaseException:  # a bug: the answer must not stay one byte short
+                if held:
+                    responder.abort()
+                recording.cancel()
+                raise
             try:
                 await recording
             except Exception as exc:

@@ -616,7 +616,7 @@ class Splicer:
                 used.add(turn)
             matched.append(turn)
             vias.append(via)
-        out = _Matching(messages, matched, vias, prevs, len(self._commits))
+        out = _Matching(list(messages), matched, vias, prevs, len(self._commits))  # the caller's list may change
         if memo is not None and k == len(memo.messages):  # it only grew: the earlier entries are kept
             out.by_ref, out.by_key, out.by_fp = memo.by_ref, memo.by_key, memo.by_fp
             out.index(k)

@@ -68,6 +68,8 @@ _PURE_CALLS = frozenset({"raise_exception", "range", "namespace", "dict"})
 _STATEFUL = frozenset({"strftime_now", "cycler", "joiner", "lipsum"})
 #: ``loop`` attributes whose value depends only on an iteration's position.
 _POSITION = frozenset({"index0", "index", "first", "last"})
+#: Filters that apply a test or a filter given by name.
+_BY_NAME = frozenset({"map", "select", "reject", "selectattr", "rejectattr"})
 #: Filters whose value is a one-shot iterator: stored by a statement outside the loop, it is used
 #: up by whichever iteration (or statement) reads it first.
 _ONE_SHOT = frozenset(
@@ -334,6 +336,9 @@ class _Walker:
             raise _NotLocal(f"a one-shot iterator ({node.name}) made outside the loop")
         if isinstance(node, nodes.Test) and node.name == "sameas":
             raise _NotLocal("identity (the cache compares messages by value)")
+        if isinstance(node, nodes.Filter) and node.name in _BY_NAME:  # a test or filter named by a string
+            if any(isinstance(a, nodes.Const) and a.value in ("sameas", "random") for a in node.args):
+                raise _NotLocal("identity or chance named by a string")
         if isinstance(node, nodes.Macro) and id(node) not in self.top_macros:
             raise _NotLocal("a macro defined below the top level")
         if isinstance(node, nodes.Break) and in_loop:
@@ -442,9 +447,8 @@ def _quiet_template(env: jinja2.Environment, source: str) -> jinja2.Template | N
     tree = env.parse(source)
     try:
         loop, _, _ = _check(tree)
-        if any(_is_loop_attr(g, "changed") for g in tree.find_all(nodes.Getattr)):
-            raise _NotLocal("loop.changed() keeps state: what the text around the loop calls counts")
         at = tree.body.index(loop)
+        _pure_loops(tree.body[:at] + tree.body[at + 1 :])
         before, after = _quiet_all(tree.body[:at]), _quiet_all(tree.body[at + 1 :])
     except _NotLocal:
         return None
@@ -486,5 +490,35 @@ def _quiet_all(body: list[nodes.Node]) -> list[nodes.Node]:
     return [q for q in map(_quiet, body) if q is not None]
 
 
-def _is_loop_attr(node: nodes.Getattr, attr: str) -> bool:
-    return isinstance(node.node, nodes.Name) and node.node.name == "loop" and node.attr == attr
+#: ``loop`` attributes that keep no state (``changed()`` remembers its last argument).
+_PURE_LOOP = frozenset(
+    {
+        "index0",
+        "index",
+        "first",
+        "last",
+        "length",
+        "revindex",
+        "revindex0",
+        "previtem",
+        "nextitem",
+        "depth",
+        "depth0",
+        "cycle",
+    }
+)
+
+
+def _pure_loops(statements: list[nodes.Node]) -> None:
+    """Raises :class:`_NotLocal` when ``statements`` use a ``loop`` otherwise than by a stateless
+    attribute (``loop.changed()``, ``loop['changed']``, ``loop|attr(...)``, an alias of it): a
+    call in dropped writing would change what the kept statements see."""
+    for statement in statements:
+        pure = {
+            id(g.node)
+            for g in statement.find_all(nodes.Getattr)
+            if isinstance(g.node, nodes.Name) and g.node.name == "loop" and g.attr in _PURE_LOOP
+        }
+        for name in statement.find_all(nodes.Name):
+            if name.name == "loop" and id(name) not in pure:
+                raise _NotLocal("loop used with state around the message loop")
