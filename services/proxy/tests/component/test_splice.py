@@ -151,16 +151,23 @@ async def test_breaks_are_reported_with_their_cause(model_dir: Path, start_proxy
     check_invariants(proxy, fake)
 
 
-async def test_an_edited_history_is_rendered_again_from_the_edit(model_dir: Path, start_proxy: Any) -> None:
-    fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "Sure.")
-    proxy = await start_proxy(fake)
-    key = proxy.session()
+async def _three_calls(proxy: Any, key: str) -> list[dict[str, Any]]:
+    """Three calls of a Chat Completions conversation the fake answers "Sure." to; returns the
+    history that follows them (the third answer and a fourth user message appended)."""
     said = {"role": "assistant", "content": "Sure."}
     history = [{"role": "system", "content": "S"}, {"role": "user", "content": "first"}]
     for text in ("second", "third", "fourth"):
         reply = await proxy.post(CHAT, {"model": "m", "messages": history}, key=key, bearer=True)
         assert reply.status == 200
         history = [*history, said, {"role": "user", "content": text}]
+    return history
+
+
+async def test_an_edited_history_is_rendered_again_from_the_edit(model_dir: Path, start_proxy: Any) -> None:
+    fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "Sure.")
+    proxy = await start_proxy(fake)
+    key = proxy.session()
+    history = await _three_calls(proxy, key)
     edited = [*history[:3], {"role": "user", "content": "second, edited"}, *history[4:]]
     reply = await proxy.post(CHAT, {"model": "m", "messages": edited}, key=key, bearer=True)
     assert reply.status == 200
@@ -270,12 +277,7 @@ async def test_a_render_whose_build_failed_is_not_taken_for_the_previous_prompt(
     fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "Sure.")
     proxy = await start_proxy(fake)
     key = proxy.session()
-    said = {"role": "assistant", "content": "Sure."}
-    history = [{"role": "system", "content": "S"}, {"role": "user", "content": "first"}]
-    for text in ("second", "third", "fourth"):
-        reply = await proxy.post(CHAT, {"model": "m", "messages": history}, key=key, bearer=True)
-        assert reply.status == 200
-        history = [*history, said, {"role": "user", "content": text}]
+    history = await _three_calls(proxy, key)
     edited = [history[0], {"role": "user", "content": "first, edited"}, *history[2:]]
     codec = proxy.runtime.codec
 
@@ -304,11 +306,7 @@ async def test_template_forms_are_reused_only_for_the_same_messages_and_turns(
     fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "Sure.")
     proxy = await start_proxy(fake)
     key = proxy.session()
-    said = {"role": "assistant", "content": "Sure."}
-    history = [{"role": "system", "content": "S"}, {"role": "user", "content": "first"}]
-    for text in ("second", "third", "fourth"):
-        assert (await proxy.post(CHAT, {"model": "m", "messages": history}, key=key, bearer=True)).status == 200
-        history = [*history, said, {"role": "user", "content": text}]
+    await _three_calls(proxy, key)
     splicer = proxy.handler.state("r1").splicer
     forms = splicer._forms
     assert forms is not None

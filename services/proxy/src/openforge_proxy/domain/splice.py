@@ -65,7 +65,7 @@ from openforge_proxy.domain.conversation import Message, Tool, ToolCall, ToolKin
 from openforge_proxy.domain.families import Family
 from openforge_proxy.domain.output import AssistantOutput
 from openforge_proxy.domain.template import ChatTemplate
-from openforge_proxy.domain.template_loop import LoopCache
+from openforge_proxy.domain.template_loop import LoopCache, same_objects
 from openforge_proxy.domain.tokens import ChunkCache, IdsBuilder, PackedIds, TokenizerCodec
 
 _NON_ALNUM = re.compile(r"[^0-9a-z]")
@@ -594,9 +594,7 @@ class Splicer:
         memo = self._matching
         k = 0
         if memo is not None:
-            n = min(len(messages), len(memo.messages))
-            identical = list(map(operator.is_, messages[:n], memo.messages[:n]))
-            k = identical.index(False) if False in identical else n
+            k = same_objects(messages, memo.messages)
             for gen, refs in self._commits[memo.commits :]:
                 k = min(k, memo.first_changed(gen, refs))
         matched: list[str | None] = []
@@ -687,9 +685,7 @@ class Splicer:
         last = self._forms
         k = 0
         if last is not None:
-            n = min(len(view), len(last.view))
-            identical = list(map(operator.is_, view[:n], last.view[:n]))
-            k = identical.index(False) if False in identical else n
+            k = same_objects(view, last.view)
             if turns[:k] != last.turns[:k]:
                 k = min(k, _divergence(turns, last.turns))
         dicts: list[dict[str, Any]] = []
@@ -867,16 +863,27 @@ def _moved_user_messages(
         ``[]`` when equal, the missing positions when only user messages are
         missing and at most :data:`MAX_MOVED_MESSAGES` of them newly, else None.
     """
-    if len(sent) > len(seen):
-        return None
     if (
         len(sent) == len(seen)
         and sent_turns == seen_turns
         and all(map(operator.or_, map(operator.is_, seen, sent), map(operator.is_not, seen_turns, repeat(None))))
     ):
         # each message is the same object or the same generated turn (the usual next call of a
-        # conversation): every step below would match, at C speed here
+        # conversation): every step of the comparison would match, at C speed here
         return []
+    return _moved_step_by_step(seen, seen_turns, sent, sent_turns, kept)
+
+
+def _moved_step_by_step(
+    seen: list[Message],
+    seen_turns: list[str | None],
+    sent: list[Message],
+    sent_turns: list[str | None],
+    kept: frozenset[int],
+) -> list[int] | None:
+    """:func:`_moved_user_messages`, one message at a time."""
+    if len(sent) > len(seen):
+        return None
     missing: list[int] = []
     j = 0
     for i, msg in enumerate(seen):

@@ -174,9 +174,8 @@ class MessageLoop:
         if same_context:
             n = min(len(old), len(messages))
             # the messages a session sends again are mostly the same objects: skip those at C speed
-            identical = list(map(operator.is_, messages[:n], old[:n]))
-            same = identical.index(False) if False in identical else n
-            while same < n and (identical[same] or _equal(messages[same], old[same])):
+            same = same_objects(messages, old)
+            while same < n and (messages[same] is old[same] or _equal(messages[same], old[same])):
                 same += 1
             start = max(0, same - self.lookahead)
         first = min(self.lookbehind, start)  # these read from the end of the list: rendered too
@@ -227,6 +226,13 @@ class MessageLoop:
         cache.renders += 1
         cache.same_prefix = known
         return out
+
+
+def same_objects(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading items of ``a`` and ``b`` are the same objects (compared at C speed)."""
+    n = min(len(a), len(b))
+    identical = list(map(operator.is_, a[:n], b[:n]))
+    return identical.index(False) if False in identical else n
 
 
 def _mark(i: int) -> str:
