@@ -26,15 +26,20 @@ What makes an iteration's text a function of those only (Jinja 3.1):
   ``cycler`` and ``joiner`` (objects whose methods keep state from one iteration to the
   next), ``lipsum`` or the ``random`` filter, and no ``include``, ``import``, ``extends``
   or ``block``;
+* no one-shot iterator (``map``, ``select``, ``selectattr``, ``items``...) made outside the
+  loop (kept in a variable, it is used up by whichever iteration reads it first), no identity
+  test (``sameas``: messages are compared by value), and no filter naming ``sameas`` or
+  ``random`` by a string;
 * macros do not read ``messages``.
 
 The render's other variables (tools, ``add_generation_prompt``, template kwargs) must be the
 same objects or equal values as at the previous render, else everything is rendered; values
 and messages are compared strictly (types, key order, the sign of zero), since ``1`` and
-``1.0`` are equal to Python but not to ``tojson``. The head
-and the tail are always rendered (they are short, and may read ``messages[0]`` or the clock).
-Templates that do not qualify (Qwen3's, which finds the last user message with a loop of its
-own first) are always rendered whole.
+``1.0`` are equal to Python but not to ``tojson``. The head and the tail (the text before
+and after the loop) are rendered again when those variables or ``messages[0]`` changed, else
+they are the last render's (the quiet template, below). Templates that do not qualify
+(Qwen3's, which finds the last user message with a loop of its own first) are always
+rendered whole.
 
 The derived template loops over the iterations to render only (pairs of a position and its
 message), with the loop's position attributes replaced by the same values computed from that
@@ -447,8 +452,9 @@ def _quiet_template(env: jinja2.Environment, source: str) -> jinja2.Template | N
     iterator kept outside the loop), so with those unchanged it is the last render's text. The
     statements around the loop still run, without writing (their assignments may be read in
     the loop, and decide which names are the template's own). None when a statement around the
-    loop is one this does not take apart, or the template calls ``loop.changed()`` (what the
-    dropped writing calls would change what the kept statements see).
+    loop is one this does not take apart, or uses a ``loop`` otherwise than by a stateless
+    attribute (``loop.changed()`` called in dropped writing would change what the kept
+    statements see).
     """
     tree = env.parse(source)
     try:
@@ -483,7 +489,7 @@ def _quiet(node: nodes.Node) -> nodes.Node | None:
         if isinstance(node, nodes.For):
             node.else_ = _quiet_all(node.else_)
         return node
-    raise _NotLocal(f"{type(node).__name__} before the loop")
+    raise _NotLocal(f"{type(node).__name__} around the loop")
 
 
 def _quiet_if(node: nodes.If) -> nodes.If:
