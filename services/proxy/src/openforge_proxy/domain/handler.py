@@ -600,7 +600,7 @@ class CallHandler:
                 held = True
             # no request can hold this turn before its answer is complete (after the acknowledgement)
             try:
-                turn = p.state.splicer.commit(p.plan, call_id=p.call_id, attempt=p.attempt, output=out, sampled=gen.ids)
+                p.state.splicer.commit(p.plan, call_id=p.call_id, attempt=p.attempt, output=out, sampled=gen.ids)
             except BaseException:  # a bug: the answer must not stay one byte short
                 if held:
                     responder.abort()
@@ -626,7 +626,7 @@ class CallHandler:
                     status, payload, extra = error_response(wire, err, request_id)
                     await responder.send_json(status, payload, extra)
                 return
-            p.state.recorded(record, turn.turn_id)
+            p.state.recorded(record, turn_id)
             try:
                 if p.request.stream:
                     await responder.write(final)

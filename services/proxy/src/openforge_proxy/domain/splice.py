@@ -482,8 +482,8 @@ class Splicer:
         """The generated turn an echoed identifier belongs to."""
         return self._refs.get(norm_ref(ref)) if ref else None
 
-    def match(self, msg: Message, used: set[str], previous: str | None = None) -> str | None:
-        """The generated turn an assistant message is, or None.
+    def match(self, msg: Message, used: set[str], previous: str | None = None) -> tuple[str | None, int]:
+        """The generated turn an assistant message is, or None, and which rule decided.
 
         Args:
             msg: An assistant message of the request.
@@ -492,15 +492,11 @@ class Splicer:
                 it matched none or this is the first one).
 
         Returns:
-            The turn whose echoed identifier the message carries; else, among the unused
-            turns saying the same, the latest one following ``previous`` in the model's
-            view; else the latest one saying the same; else None.
+            The turn whose echoed identifier the message carries (:data:`_BY_REF`); else,
+            among the unused turns saying the same, the latest one following ``previous`` in
+            the model's view (:data:`_BY_AFTER`); else the latest one saying the same
+            (:data:`_BY_FP`); else None (:data:`_BY_NONE`).
         """
-        return self._match_via(msg, used, previous)[0]
-
-    def _match_via(self, msg: Message, used: set[str], previous: str | None) -> tuple[str | None, int]:
-        """:meth:`match`, and which of its rules decided (:data:`_BY_REF`, :data:`_BY_AFTER`,
-        :data:`_BY_FP` or :data:`_BY_NONE`)."""
         fp = message_fingerprint(msg)
         for ref in msg.refs:
             turn = self.turn_of_ref(ref)
@@ -608,7 +604,7 @@ class Splicer:
             turn, via = None, _BY_NONE
             prevs.append(previous)
             if msg.role == "assistant":
-                turn, via = self._match_via(msg, used, previous)
+                turn, via = self.match(msg, used, previous)
                 previous = turn
             if turn is not None:
                 used.add(turn)

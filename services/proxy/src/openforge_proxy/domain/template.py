@@ -27,7 +27,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from markupsafe import Markup
 
 from openforge_core.errors import FailedPrecondition
-from openforge_proxy.domain.template_loop import LoopCache, MessageLoop
+from openforge_proxy.domain.template_loop import LOOP_PROPERTIES, LoopCache, MessageLoop
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -67,10 +67,6 @@ def _strftime_now(fmt: str) -> str:
 
 #: Attributes of plain dicts (methods); any other ``obj.name`` on a plain dict is an item lookup.
 _DICT_ATTRS = frozenset(dir(dict))
-#: The properties of a ``loop`` variable (jinja2.runtime.LoopContext, Jinja 3.1).
-_LOOP_PROPERTIES = frozenset(
-    ("index0", "index", "first", "last", "length", "revindex", "revindex0", "depth", "depth0", "previtem", "nextitem")
-)
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
@@ -120,7 +116,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
                 return obj[attribute]
             except (TypeError, LookupError):
                 return self.undefined(obj=obj, name=attribute)
-        if type(obj) is LoopContext and attribute in _LOOP_PROPERTIES:
+        if type(obj) is LoopContext and attribute in LOOP_PROPERTIES:
             return getattr(obj, attribute)  # public properties: the sandbox returns them as they are
         return super().getattr(obj, attribute)
 

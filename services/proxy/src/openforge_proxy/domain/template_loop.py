@@ -73,6 +73,12 @@ _PURE_CALLS = frozenset({"raise_exception", "range", "namespace", "dict"})
 _STATEFUL = frozenset({"strftime_now", "cycler", "joiner", "lipsum"})
 #: ``loop`` attributes whose value depends only on an iteration's position.
 _POSITION = frozenset({"index0", "index", "first", "last"})
+#: The properties of a ``loop`` variable (jinja2.runtime.LoopContext, Jinja 3.1).
+LOOP_PROPERTIES = frozenset(
+    {"index0", "index", "first", "last", "length", "revindex", "revindex0", "depth", "depth0", "previtem", "nextitem"}
+)
+#: ``loop`` attributes that keep no state (``changed()`` remembers its last argument).
+_PURE_LOOP = LOOP_PROPERTIES | {"cycle"}
 #: Filters that apply a test or a filter given by name.
 _BY_NAME = frozenset({"map", "select", "reject", "selectattr", "rejectattr"})
 #: Filters whose value is a one-shot iterator: stored by a statement outside the loop, it is used
@@ -500,25 +506,6 @@ def _quiet_if(node: nodes.If) -> nodes.If:
 
 def _quiet_all(body: list[nodes.Node]) -> list[nodes.Node]:
     return [q for q in map(_quiet, body) if q is not None]
-
-
-#: ``loop`` attributes that keep no state (``changed()`` remembers its last argument).
-_PURE_LOOP = frozenset(
-    {
-        "index0",
-        "index",
-        "first",
-        "last",
-        "length",
-        "revindex",
-        "revindex0",
-        "previtem",
-        "nextitem",
-        "depth",
-        "depth0",
-        "cycle",
-    }
-)
 
 
 def _pure_loops(statements: list[nodes.Node]) -> None:
