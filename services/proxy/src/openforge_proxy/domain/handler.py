@@ -47,7 +47,7 @@ from openforge_proxy.domain.protocols import anthropic, chat, dumps, responses
 from openforge_proxy.domain.protocols.memo import BodyMemo, ConversationMemo
 from openforge_proxy.domain.record import CallRecordData, Recorder, RecordTooLarge
 from openforge_proxy.domain.runtime import ModelRuntime
-from openforge_proxy.domain.scrub import scrub_headers, scrub_json_bytes
+from openforge_proxy.domain.scrub import BodyScrubber, scrub_headers
 from openforge_proxy.domain.sessions import Session, SessionRegistry
 from openforge_proxy.domain.splice import PromptPlan, Splicer, turn_id_of
 
@@ -110,8 +110,9 @@ class _CallState:
 
 class SessionCalls:
     """Per-session state: the splicer, the calls seen (for attempt numbering), the previous
-    Messages and Chat Completions requests (their unchanged start is not converted again), and
-    the last acknowledged records, which the next record is coded against (``RecordDelta``)."""
+    Messages and Chat Completions requests (their unchanged start is not converted again), the
+    previous body (only what changed is scanned for identifiers), and the last acknowledged
+    records, which the next record is coded against (``RecordDelta``)."""
 
     def __init__(self, splicer: Splicer, bodies: BodyMemo | None = None) -> None:
         self.splicer = splicer
@@ -120,6 +121,7 @@ class SessionCalls:
         self.anthropic = ConversationMemo()
         self.chat = ConversationMemo()
         self.body = bodies if bodies is not None else BodyMemo()
+        self.scrubber = BodyScrubber()
         self.bases: OrderedDict[str, RecordBase] = OrderedDict()
         # the last call key's hash: (tools key, bytes starting with the prompt hashed, the
         # prompt's length, the hash state after it)
@@ -842,7 +844,7 @@ class _PreRecord:
 
     @staticmethod
     def of(p: _Prepared, body: bytes, recorder: Recorder) -> _PreRecord:
-        request_json = scrub_json_bytes(body)
+        request_json = p.state.scrubber.scrub(body)
         canonical_json = p.request.record_json()
         base = p.state.base_for(p.plan.report.extends_call_id)
         cut = None
