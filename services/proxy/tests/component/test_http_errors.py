@@ -313,10 +313,10 @@ async def test_a_session_gone_while_its_call_generates_fails_the_call_before_any
     key = proxy.session()
     proxy.recorder.ack_delay_s = 0.05
 
-    def gone(rollout_id: str, **_: Any) -> None:
-        raise NotFound(f"no session for rollout {rollout_id!r}")
+    def gone(session: Any, **_: Any) -> None:
+        raise NotFound(f"no session for rollout {session.rollout_id!r}")
 
-    monkeypatch.setattr(proxy.sessions, "record_usage", gone)
+    monkeypatch.setattr(proxy.sessions, "settle", gone)
     reply = await asyncio.wait_for(proxy.post(MESSAGES, anthropic_body(stream=False), key=key), 5)
     assert reply.status == 500 and reply.json()["type"] == "error"
     assert proxy.recorder.records == []

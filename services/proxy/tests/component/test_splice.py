@@ -325,3 +325,63 @@ async def test_template_forms_are_reused_only_for_the_same_messages_and_turns(
         splicer._memo, splicer._loop_cache, splicer._forms = None, LoopCache(), None
         want = splicer._render(view, variant, tools)
         assert got[0].ids == want[0].ids and got[1:] == want[1:]
+
+
+async def test_whole_floats_resent_as_integers_still_match(model_dir: Path, start_proxy: Any) -> None:
+    # JSON.parse + JSON.stringify (Claude Code, OpenClaw) turn the model's 30.0 into 30 and 1e3 into 1000
+    args = '{"timeout": 30.0, "n": 1e3, "ratio": 0.5, "nested": [2.0, {"x": -4.0}]}'
+    call = '<tool_call>\n{"name": "exec", "arguments": ' + args + "}\n</tool_call>"
+    fake = ScriptedInferenceServer(model_dir, [call, "Done."])
+    proxy = await start_proxy(fake)
+    key = proxy.session()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "run it"}]
+    reply = await proxy.post(CHAT, {"model": "m", "messages": messages, "tools": TOOLS}, key=key, bearer=True)
+    (tc,) = reply.json()["choices"][0]["message"]["tool_calls"]
+    resent = '{"timeout":30,"n":1000,"ratio":0.5,"nested":[2,{"x":-4}]}'
+    assert json.loads(resent) == json.loads(tc["function"]["arguments"])
+    tc["function"]["arguments"] = resent
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [tc]},
+        {"role": "tool", "tool_call_id": tc["id"], "content": "ok"},
+    ]
+    reply = await proxy.post(CHAT, {"model": "m", "messages": messages, "tools": TOOLS}, key=key, bearer=True)
+    assert reply.status == 200
+    first, second = proxy.recorder.records
+    assert second.splice.break_cause.value == "none" and second.splice.extends_call_id == first.call_id
+    assert [s.source_call_id for s in second.splice.reused] == [first.call_id]
+    check_invariants(proxy, fake)
+
+
+def test_floats_that_are_not_whole_keep_their_identity() -> None:
+    from openforge_proxy.domain.splice import fingerprint
+
+    assert fingerprint("", [("f", '{"a": 30.0}')]) == fingerprint("", [("f", {"a": 30})])
+    assert fingerprint("", [("f", '{"a": 30.5}')]) != fingerprint("", [("f", {"a": 30})])
+    assert fingerprint("", [("f", '{"a": 1e300}')]) == fingerprint("", [("f", {"a": 1e300})])  # beyond 2**53
+    assert fingerprint("", [("f", '{"a": 1e300}')]) != fingerprint("", [("f", {"a": 1e299})])
+    assert fingerprint("", [("f", '{"a": "30.0"}')]) != fingerprint("", [("f", {"a": "30"})])
+
+
+async def test_text_like_the_splice_placeholder_is_only_text(model_dir: Path, start_proxy: Any) -> None:
+    # private-use characters a harness may send (pasted, or in a tool's output) never stand for a turn
+    fake = ScriptedInferenceServer(model_dir, ["Sure.", "Done."])
+    proxy = await start_proxy(fake)
+    key = proxy.session()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "first"}]
+    assert (await proxy.post(CHAT, {"model": "m", "messages": messages}, key=key, bearer=True)).status == 200
+    pasted = "\ue000ofsplice0\ue001 and \ue000ofsplice-0\ue001"
+    messages = [
+        {"role": "user", "content": "q0"},
+        {"role": "assistant", "content": "HAND WRITTEN ANSWER"},
+        {"role": "user", "content": f"tool output with {pasted} inside"},
+        *messages,
+        {"role": "assistant", "content": "Sure."},
+        {"role": "user", "content": "next"},
+    ]
+    reply = await proxy.post(CHAT, {"model": "m", "messages": messages}, key=key, bearer=True)
+    assert reply.status == 200
+    rec = proxy.recorder.records[-1]
+    text = proxy.runtime.codec.decode(rec.prompt_ids)
+    assert "HAND WRITTEN ANSWER" in text and pasted in text
+    assert [s.source_call_id for s in rec.splice.reused] == [proxy.recorder.records[0].call_id]
+    check_invariants(proxy, fake)

@@ -42,6 +42,7 @@ from openforge_core.record_delta import RecordBase, RecordCut
 from openforge_proxy.domain.conversation import CanonicalRequest, ToolKind, WireApi
 from openforge_proxy.domain.engine import Delta, Engine, EngineRejected, EngineUnavailable, Sampling
 from openforge_proxy.domain.families import Event
+from openforge_proxy.domain.json_text import replace_lone_surrogates
 from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, ToolCallOut, Usage
 from openforge_proxy.domain.protocols import anthropic, chat, dumps, responses
 from openforge_proxy.domain.protocols.memo import BodyMemo, ConversationMemo
@@ -214,6 +215,21 @@ def error_response(wire: WireApi, err: ApiError, request_id: str) -> tuple[int, 
     return err.status, dumps(body), headers
 
 
+def _check_model(session: Session, model: str) -> None:
+    if session.model_name and model != session.model_name:
+        raise ApiError(
+            ErrorKind.NOT_FOUND, f"model {model!r} is not served in this session (use {session.model_name!r})"
+        )
+
+
+def _too_deep(exc: orjson.JSONEncodeError) -> ApiError:
+    """A request whose JSON parses (orjson reads 1024 levels) but cannot be written again for its
+    record (orjson writes at most 254 levels): refused as such, never half served."""
+    return ApiError(
+        ErrorKind.INVALID_REQUEST, f"the request cannot be recorded ({exc}): JSON nested over 254 levels deep"
+    )
+
+
 def _api_error(exc: OpenForgeError) -> ApiError:
     if isinstance(exc, Unauthenticated):
         return ApiError(ErrorKind.AUTHENTICATION, exc.message)
@@ -303,14 +319,20 @@ class CallHandler:
         wire = WireApi.ANTHROPIC_MESSAGES
         try:
             session = self._authenticate(headers)
-            request = self._parse_json(body, None)
+            request, _ = self._parse_json(body, None)
             runtime = await self._load_runtime()
             try:
                 canonical = anthropic.parse({"max_tokens": 1, **request})
             except InvalidArgument as exc:
                 raise ApiError(ErrorKind.INVALID_REQUEST, exc.message) from exc
+            except orjson.JSONEncodeError as exc:
+                raise _too_deep(exc) from exc
+            _check_model(session, canonical.model)
             state = self._state(session.rollout_id, runtime)
-            plan = state.splicer.build(canonical.messages, canonical.tools)
+            try:
+                plan = state.splicer.build(canonical.messages, canonical.tools)
+            except Exception as exc:  # the template refused the conversation
+                raise ApiError(ErrorKind.INVALID_REQUEST, f"the conversation cannot be rendered: {exc}") from exc
         except ApiError as err:
             status, payload, _ = error_response(wire, err, new_request_id())
             return status, payload
@@ -326,14 +348,22 @@ class CallHandler:
             raise _api_error(exc) from exc
 
     @staticmethod
-    def _parse_json(body: bytes, memo: BodyMemo | None) -> dict[str, Any]:
+    def _parse_json(body: bytes, memo: BodyMemo | None) -> tuple[dict[str, Any], bytes]:
+        """The parsed body and the body as it is recorded: lone surrogate escapes, which
+        JavaScript clients write, replaced by U+FFFD (:mod:`.json_text`)."""
         try:
             parsed = memo.loads(body) if memo is not None else orjson.loads(body)
         except orjson.JSONDecodeError as exc:
-            raise ApiError(ErrorKind.INVALID_REQUEST, f"the body is not valid JSON: {exc}") from exc
+            fixed = replace_lone_surrogates(body)
+            if fixed is None:
+                raise ApiError(ErrorKind.INVALID_REQUEST, f"the body is not valid JSON: {exc}") from exc
+            try:
+                parsed, body = orjson.loads(fixed), fixed
+            except orjson.JSONDecodeError:
+                raise ApiError(ErrorKind.INVALID_REQUEST, f"the body is not valid JSON: {exc}") from exc
         if not isinstance(parsed, dict):
             raise ApiError(ErrorKind.INVALID_REQUEST, "the body must be a JSON object")
-        return parsed
+        return parsed, body
 
     async def _load_runtime(self) -> ModelRuntime:
         try:
@@ -382,13 +412,17 @@ class CallHandler:
             log.info(EV_CALL_FAILED, wire=wire.value, status=status, kind=err.kind.value, message=err.message)
             await responder.send_json(status, payload, extra)
             return
-        await self._serve(prepared, body, headers, responder, request_id, received, receive_time)
+        try:
+            await self._serve(prepared, prepared.body, headers, responder, request_id, received, receive_time)
+        finally:
+            if not prepared.settled:  # not served: what it reserved is free again
+                self._sessions.release(prepared.session, prepared.reserved)
 
     async def _prepare(self, wire: WireApi, body: bytes, headers: Mapping[str, str]) -> _Prepared:
         session = self._authenticate(headers)
         prior = self._states.get(session.rollout_id)
         bodies = prior.body if prior is not None else BodyMemo()
-        parsed = self._parse_json(body, bodies)
+        parsed, body = self._parse_json(body, bodies)
         runtime = await self._load_runtime()
         state = self._state(session.rollout_id, runtime, bodies)
         try:
@@ -400,12 +434,14 @@ class CallHandler:
                 request = chat.parse(parsed, state.chat)
         except InvalidArgument as exc:
             raise ApiError(ErrorKind.INVALID_REQUEST, exc.message) from exc
-        if session.model_name and request.model != session.model_name:
-            raise ApiError(
-                ErrorKind.NOT_FOUND,
-                f"model {request.model!r} is not served in this session (use {session.model_name!r})",
-            )
-        tools = state.splicer.tools_key(request.tools)
+        except orjson.JSONEncodeError as exc:
+            raise _too_deep(exc) from exc
+        _check_model(session, request.model)
+        try:
+            tools = state.splicer.tools_key(request.tools)
+            canonical_json = request.record_json()
+        except orjson.JSONEncodeError as exc:
+            raise _too_deep(exc) from exc
         try:
             plan = state.splicer.build(request.messages, request.tools, tools_of=tools)
         except Exception as exc:  # the template refused the conversation
@@ -416,13 +452,19 @@ class CallHandler:
         # serializing the conversation again.
         call_key = state.call_key(tools[0], plan.prompt.packed)
         known = state.calls.get(call_key)
+        # From here to the admission nothing awaits: the limits are checked against the counts as
+        # they are now, calls in flight included, and the call is counted before any other can be.
+        try:
+            session = self._sessions.current(session)
+        except OpenForgeError as exc:
+            raise ApiError(ErrorKind.AUTHENTICATION, "the session ended") from exc
         limits = session.limits
         if known is None:
             if limits.max_turns and session.calls >= limits.max_turns:
                 raise ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {limits.max_turns} turns")
         else:
             plan.report.retry(known.call_id)
-        if limits.max_total_tokens and session.total_tokens >= limits.max_total_tokens:
+        if limits.max_total_tokens and session.total_tokens + session.reserved_tokens >= limits.max_total_tokens:
             raise ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {limits.max_total_tokens} tokens")
         sampling = self._sampling(session, request, runtime, len(plan.prompt))
         if known is None:
@@ -433,7 +475,21 @@ class CallHandler:
         else:
             new_call = False
         known.attempts += 1
-        return _Prepared(session, state, request, runtime, plan, sampling, known.call_id, known.attempts, new_call)
+        reserved = len(plan.prompt) + sampling.max_tokens
+        session = self._sessions.admit(session, new_call=new_call, reserve_tokens=reserved)
+        return _Prepared(
+            session,
+            state,
+            request,
+            runtime,
+            plan,
+            sampling,
+            known.call_id,
+            known.attempts,
+            reserved,
+            canonical_json,
+            body,
+        )
 
     def _sampling(
         self, session: Session, request: CanonicalRequest, runtime: ModelRuntime, prompt_len: int
@@ -446,7 +502,7 @@ class CallHandler:
         if limits.max_tokens_per_call:
             caps.append(limits.max_tokens_per_call)
         if limits.max_total_tokens:
-            caps.append(limits.max_total_tokens - session.total_tokens - prompt_len)
+            caps.append(limits.max_total_tokens - session.total_tokens - session.reserved_tokens - prompt_len)
         context = runtime.info.context_length
         if context:
             if prompt_len >= context:
@@ -558,9 +614,8 @@ class CallHandler:
             if pre is None:
                 pre = _PreRecord.of(p, body, self._recorder)
             # before anything is published or sent: a session gone meanwhile fails the call cleanly
-            self._sessions.record_usage(
-                p.session.rollout_id, new_call=p.new_call, tokens=usage0.prompt_tokens + len(gen.ids)
-            )
+            self._sessions.settle(p.session, reserved=p.reserved, tokens=usage0.prompt_tokens + len(gen.ids))
+            p.settled = True
             turn_id = turn_id_of(p.call_id, p.attempt)
             record = CallRecordData(
                 rollout_id=p.session.rollout_id,
@@ -691,7 +746,10 @@ class _Prepared:
     sampling: Sampling
     call_id: str
     attempt: int
-    new_call: bool
+    reserved: int  # tokens reserved in the session at admission (prompt + completion cap)
+    canonical_json: bytes  # the record's canonical conversation
+    body: bytes  # the request body as recorded (lone surrogates replaced)
+    settled: bool = False  # the tokens used were counted and the reservation freed
 
 
 class _Encoder(Protocol):
@@ -845,7 +903,7 @@ class _PreRecord:
     @staticmethod
     def of(p: _Prepared, body: bytes, recorder: Recorder) -> _PreRecord:
         request_json = p.state.scrubber.scrub(body)
-        canonical_json = p.request.record_json()
+        canonical_json = p.canonical_json
         base = p.state.base_for(p.plan.report.extends_call_id)
         cut = None
         prompt = p.plan.prompt

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 import secrets
 import time
 from collections import OrderedDict
@@ -62,8 +63,12 @@ class Session:
         state: Lifecycle state.
         create_time: Unix seconds.
         expire_time: Unix seconds after which the key stops working.
-        calls: Calls served.
-        total_tokens: Prompt + completion tokens served.
+        calls: Calls admitted (a call's retries count once; a call counts when it is admitted,
+            so calls in flight count against ``limits.max_turns``).
+        total_tokens: Prompt + completion tokens of the calls served.
+        reserved_tokens: Tokens that the calls in flight may still use: each reserves its
+            prompt and its completion cap when admitted, until it ends.
+        serial: Tells this session from an earlier one of the same rollout.
     """
 
     rollout_id: str
@@ -76,6 +81,8 @@ class Session:
     expire_time: float
     calls: int = 0
     total_tokens: int = 0
+    reserved_tokens: int = 0
+    serial: int = 0
 
 
 def _digest(key: str) -> str:
@@ -113,6 +120,7 @@ class SessionRegistry:
         self._by_rollout: dict[str, _Entry] = {}
         self._by_digest: dict[str, _Entry] = {}
         self._ended_order: OrderedDict[str, None] = OrderedDict()
+        self._serials = itertools.count(1)
         #: Called with the rollout id when a session closes, expires or is dropped.
         self.on_end: list[Callable[[str], None]] = []
 
@@ -171,6 +179,7 @@ class SessionRegistry:
             state=SessionState.OPEN,
             create_time=now,
             expire_time=expire,
+            serial=next(self._serials),
         )
         entry = _Entry(session=session, key_digest=_digest(key), request_id=request_id, key=key)
         self._by_rollout[rollout_id] = entry
@@ -224,21 +233,58 @@ class SessionRegistry:
             raise Unauthenticated(f"session is {entry.session.state.value}", reason="SESSION_NOT_OPEN")
         return entry.session
 
-    def record_usage(self, rollout_id: str, *, new_call: bool, tokens: int) -> Session:
-        """Counts a served call: one more call when ``new_call``, ``tokens`` more tokens.
+    def current(self, session: Session) -> Session:
+        """The session as it is now (its counts up to date).
 
         Raises:
-            NotFound: No session for that rollout.
+            NotFound: The session is gone: forgotten, or replaced by a newer session of its rollout.
         """
-        entry = self._by_rollout.get(rollout_id)
-        if entry is None:
-            raise NotFound(f"no session for rollout {rollout_id!r}", metadata={"rollout_id": rollout_id})
+        return self._entry_of(session).session
+
+    def admit(self, session: Session, *, new_call: bool, reserve_tokens: int) -> Session:
+        """Admits a call: one more call when ``new_call``, and ``reserve_tokens`` (its prompt
+        and completion cap) reserved until :meth:`settle` or :meth:`release`. The caller checks
+        the limits against :meth:`current` first, with no ``await`` in between (the event loop
+        runs nothing else meanwhile).
+
+        Raises:
+            NotFound: The session is gone.
+        """
+        entry = self._entry_of(session)
         entry.session = replace(
             entry.session,
             calls=entry.session.calls + (1 if new_call else 0),
-            total_tokens=entry.session.total_tokens + tokens,
+            reserved_tokens=entry.session.reserved_tokens + reserve_tokens,
         )
         return entry.session
+
+    def settle(self, session: Session, *, reserved: int, tokens: int) -> Session:
+        """Counts a served call's ``tokens`` (prompt + completion) and frees what it reserved.
+
+        Raises:
+            NotFound: The session is gone (the call must not be recorded for its rollout).
+        """
+        entry = self._entry_of(session)
+        entry.session = replace(
+            entry.session,
+            total_tokens=entry.session.total_tokens + tokens,
+            reserved_tokens=max(0, entry.session.reserved_tokens - reserved),
+        )
+        return entry.session
+
+    def release(self, session: Session, reserved: int) -> None:
+        """Frees what a call that ended without being served reserved (nothing if the session is gone)."""
+        entry = self._by_rollout.get(session.rollout_id)
+        if entry is not None and entry.session.serial == session.serial:
+            entry.session = replace(entry.session, reserved_tokens=max(0, entry.session.reserved_tokens - reserved))
+
+    def _entry_of(self, session: Session) -> _Entry:
+        entry = self._by_rollout.get(session.rollout_id)
+        if entry is None or entry.session.serial != session.serial:
+            raise NotFound(
+                f"no session for rollout {session.rollout_id!r}", metadata={"rollout_id": session.rollout_id}
+            )
+        return entry
 
     def sweep(self) -> int:
         """Marks sessions past their expiry as expired (notifying ``on_end``); returns how many."""

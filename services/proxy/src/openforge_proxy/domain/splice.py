@@ -52,6 +52,7 @@ import enum
 import hashlib
 import operator
 import re
+import secrets
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -69,7 +70,9 @@ from openforge_proxy.domain.template_loop import LoopCache, same_objects
 from openforge_proxy.domain.tokens import ChunkCache, IdsBuilder, PackedIds, TokenizerCodec
 
 _NON_ALNUM = re.compile(r"[^0-9a-z]")
-_SENTINEL = "\ue000ofsplice{}\ue001"
+#: Stands for the k-th generated turn in a render. Private-use characters around a per-process
+#: random nonce: no text a harness sends can hold it (it never leaves the process).
+_SENTINEL = "\ue000ofsplice-" + secrets.token_hex(8) + "-{}\ue001"
 #: The template form of the k-th generated turn of a render (never changed: templates are
 #: sandboxed and cannot change what they are given).
 _SENTINEL_MESSAGES: list[dict[str, Any]] = []
@@ -153,18 +156,42 @@ def norm_ref(ref: str) -> str:
     return _NON_ALNUM.sub("", ref.lower())
 
 
+def _integral(value: Any) -> Any:
+    """``value`` with every float that is a whole number (within ±2**53) as an int.
+
+    JavaScript has one number type: a client built on it (Claude Code, OpenClaw) sends the
+    model's ``30.0`` or ``1e3`` back as ``30`` or ``1000``.
+    """
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) <= 2**53 else value
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
+
+
+def _json_key(value: dict[str, Any] | list[Any]) -> str:
+    text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    if b"." in text or b"e" in text or b"E" in text:  # floats possible: whole ones as ints
+        text = orjson.dumps(_integral(value), option=orjson.OPT_SORT_KEYS)
+    return text.decode()
+
+
 def _args_key(arguments: Any) -> str:
+    """Canonical text of tool-call arguments: parsed JSON with sorted keys and whole floats as
+    ints (what a client's re-serialization keeps of them), else the stripped text."""
     if isinstance(arguments, dict | list):
-        return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
+        return _json_key(arguments)
     if isinstance(arguments, str):
         try:
             parsed = orjson.loads(arguments)
         except orjson.JSONDecodeError:
             return arguments.strip()
         if isinstance(parsed, dict | list):
-            return orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()
+            return _json_key(parsed)
         return arguments.strip()
-    return orjson.dumps(arguments).decode()
+    return orjson.dumps(_integral(arguments)).decode()
 
 
 def fingerprint(content: str, calls: Sequence[tuple[str, Any]]) -> str:

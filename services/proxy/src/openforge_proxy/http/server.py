@@ -32,6 +32,7 @@ import contextlib
 import time
 import zlib
 from collections.abc import Mapping
+from typing import IO, cast
 
 import structlog
 import zstandard
@@ -127,40 +128,134 @@ class _Responder:
             raise ClientGone() from exc
 
 
+class _Collected:
+    """Decoded bytes gathered in order, refused as soon as they pass ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+        self._limit = limit
+
+    def write(self, data: bytes) -> int:
+        """Appends ``data``; returns its length.
+
+        Raises:
+            BodyTooLarge: The bytes gathered so far exceed ``limit``.
+        """
+        self.size += len(data)
+        if self.size > self._limit:
+            raise BodyTooLarge()
+        self.parts.append(bytes(data))
+        return len(data)
+
+
+class _ZlibDecoder:
+    """``gzip`` (every member of a multi-member body) or ``deflate`` (one zlib stream) into a
+    :class:`_Collected`, inflating at most the room left per call."""
+
+    def __init__(self, encoding: str, out: _Collected, limit: int) -> None:
+        self._gzip = encoding != "deflate"
+        self._out = out
+        self._limit = limit
+        self._members = 1
+        self._z = self._new(first=True)
+
+    def _new(self, *, first: bool) -> zlib._Decompress:
+        # the first gzip member may also be zlib-wrapped (auto-detected); later ones are gzip
+        return zlib.decompressobj(wbits=(47 if first else 31) if self._gzip else 15)
+
+    def feed(self, chunk: bytes) -> None:
+        """Decodes one piece of the body.
+
+        Raises:
+            BodyTooLarge: The decoded body exceeds the limit.
+            ValueError: Corrupt data, or data after the end of the (last) stream.
+        """
+        data = chunk
+        while data:
+            try:
+                self._out.write(self._z.decompress(data, self._limit - self._out.size + 1))
+            except zlib.error as exc:
+                where = f" (member {self._members})" if self._members > 1 else ""
+                raise ValueError(f"corrupt {self._name} body{where}: {exc}") from exc
+            if self._z.unconsumed_tail:
+                raise BodyTooLarge()
+            if not self._z.eof:
+                return
+            data = self._z.unused_data
+            if data and not self._gzip:
+                raise ValueError("corrupt deflate body: data after the end of the deflate stream")
+            if data:
+                if data[:2] not in (b"\x1f\x8b", b"\x1f"):
+                    raise ValueError(
+                        f"corrupt gzip body: {len(data)} byte(s) after gzip member {self._members} "
+                        "are not another gzip member"
+                    )
+                self._members += 1
+                self._z = self._new(first=False)
+
+    def finish(self) -> None:
+        """Checks the body ended where its last stream ends.
+
+        Raises:
+            ValueError: The body stops inside a stream.
+        """
+        if not self._z.eof:
+            raise ValueError(f"corrupt {self._name} body: truncated (the compressed stream does not end)")
+
+    @property
+    def _name(self) -> str:
+        return "gzip" if self._gzip else "deflate"
+
+
+class _ZstdDecoder:
+    """``zstd`` (every frame of a multi-frame body) into a :class:`_Collected`, at most
+    :data:`_READ` decoded bytes per write, so output past the limit is never held."""
+
+    def __init__(self, out: _Collected) -> None:
+        self._writer = zstandard.ZstdDecompressor().stream_writer(cast(IO[bytes], out), write_size=_READ)
+
+    def feed(self, chunk: bytes) -> None:
+        """Decodes one piece of the body.
+
+        Raises:
+            BodyTooLarge: The decoded body exceeds the limit.
+            ValueError: Corrupt data, including data after the last frame that is no frame.
+        """
+        try:
+            self._writer.write(chunk)
+        except zstandard.ZstdError as exc:
+            raise ValueError(f"corrupt zstd body: {exc}") from exc
+
+    def finish(self) -> None:
+        """Nothing to check: a body cut inside a frame decodes to its complete part."""
+
+
 async def read_body(request: web.BaseRequest, limit: int) -> bytes:
     """The request body, decoded per ``Content-Encoding``, at most ``limit`` bytes.
 
+    A ``gzip`` body may hold several members and a ``zstd`` body several frames
+    (decoded in order and joined); ``limit`` applies to their total.
+
     Raises:
         BodyTooLarge: Over ``limit`` (before or after decoding).
-        ValueError: Unknown encoding or corrupt compressed data.
+        ValueError: Unknown or stacked encoding, corrupt compressed data, or data
+            after the last gzip member / deflate stream / zstd frame.
     """
     declared = request.content_length
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if declared is not None and declared > limit and encoding in ("", "identity"):
         raise BodyTooLarge()
+    out = _Collected(limit)
+    decoder: _ZlibDecoder | _ZstdDecoder | None
     if encoding in ("", "identity"):
-        decode = None
+        decoder = None
     elif encoding in ("gzip", "x-gzip", "deflate"):
-        z = zlib.decompressobj(wbits=47 if encoding != "deflate" else 15)
-
-        def decode_zlib(chunk: bytes, room: int) -> bytes:
-            out = z.decompress(chunk, room + 1)
-            if z.unconsumed_tail:
-                raise BodyTooLarge()
-            return out
-
-        decode = decode_zlib
+        decoder = _ZlibDecoder(encoding, out, limit)
     elif encoding == "zstd":
-        zd = zstandard.ZstdDecompressor().decompressobj()
-
-        def decode_zstd(chunk: bytes, room: int) -> bytes:
-            return zd.decompress(chunk)
-
-        decode = decode_zstd
+        decoder = _ZstdDecoder(out)
     else:
-        raise ValueError(f"unsupported Content-Encoding {encoding!r} (use gzip, deflate or zstd)")
-    parts: list[bytes] = []
-    size = 0
+        raise ValueError(f"unsupported Content-Encoding {encoding!r} (use one of gzip, deflate or zstd)")
     raw = 0
     while True:
         chunk = await request.content.read(_READ)
@@ -169,16 +264,13 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
         raw += len(chunk)
         if raw > limit:
             raise BodyTooLarge()
-        if decode is not None:
-            try:
-                chunk = decode(chunk, limit - size)
-            except (zlib.error, zstandard.ZstdError) as exc:
-                raise ValueError(f"corrupt {encoding} body: {exc}") from exc
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge()
-        parts.append(chunk)
-    return b"".join(parts)
+        if decoder is None:
+            out.write(chunk)
+        else:
+            decoder.feed(chunk)
+    if decoder is not None and raw:
+        decoder.finish()
+    return b"".join(out.parts)
 
 
 def route(path: str) -> tuple[str, str, WireApi | None] | None:

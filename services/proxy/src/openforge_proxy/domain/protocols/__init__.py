@@ -20,6 +20,8 @@ from typing import Any
 
 import orjson
 
+from openforge_core.errors import InvalidArgument
+
 #: Largest tool-argument piece per SSE delta, characters (clients reassemble any split).
 ARGUMENT_PIECE = 64
 
@@ -27,6 +29,25 @@ ARGUMENT_PIECE = 64
 def dumps(obj: Any) -> bytes:
     """Compact JSON bytes (UTF-8, no spaces)."""
     return orjson.dumps(obj)
+
+
+def token_cap(body: dict[str, Any], *fields: str) -> int | None:
+    """The output-token cap a request asks for: the value of the first of ``fields`` present.
+
+    Returns:
+        That value when it is a positive integer, else ``None`` (absent, ``null``, a
+        non-positive number, a float or a string leave the proxy's default cap).
+
+    Raises:
+        InvalidArgument: The value is a JSON boolean (``true`` is not a token count).
+    """
+    for field in fields:
+        if field in body:
+            value = body[field]
+            if isinstance(value, bool):
+                raise InvalidArgument.field(field, "must be an integer, not a boolean")
+            return value if isinstance(value, int) and value > 0 else None
+    return None
 
 
 def sse(event: str | None, data: Any) -> bytes:

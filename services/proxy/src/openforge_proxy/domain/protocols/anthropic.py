@@ -37,7 +37,7 @@ from openforge_proxy.domain.conversation import (
     text_of,
 )
 from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, Usage, new_id
-from openforge_proxy.domain.protocols import pieces, sse
+from openforge_proxy.domain.protocols import pieces, sse, token_cap
 from openforge_proxy.domain.protocols.memo import ConversationMemo, begin, shared_tools
 
 _KNOWN_MESSAGE_KEYS = {"role", "content"}
@@ -156,12 +156,17 @@ def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> Canonic
         The canonical request (``body`` kept as is).
 
     Raises:
-        InvalidArgument: ``model`` is not a string or ``messages`` is not a list
-            (unknown fields never raise).
+        InvalidArgument: ``model`` is not a string, ``messages`` is not a list,
+            ``max_tokens`` is a boolean or ``tool_choice`` is not an object (unknown
+            fields never raise).
     """
     model = body.get("model")
     if not isinstance(model, str):
         raise InvalidArgument.field("model", "must be a string")
+    max_tokens = token_cap(body, "max_tokens")
+    tool_choice = body.get("tool_choice")
+    if tool_choice is not None and not isinstance(tool_choice, dict):
+        raise InvalidArgument.field("tool_choice", "must be an object")
     system = body.get("system")
     raws = _require_list(body, "messages")
     resume = begin(memo, system, raws)
@@ -196,16 +201,15 @@ def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> Canonic
         memo.commit(resume, messages, ends, base)
     thinking = body.get("thinking")
     want_reasoning = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
-    max_tokens = body.get("max_tokens")
     return CanonicalRequest(
         wire=WireApi.ANTHROPIC_MESSAGES,
         model=model,
         messages=messages,
         tools=tools,
-        max_tokens=max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else None,
+        max_tokens=max_tokens,
         stream=bool(body.get("stream")),
         want_reasoning=want_reasoning,
-        parallel_tool_calls=not bool((body.get("tool_choice") or {}).get("disable_parallel_tool_use")),
+        parallel_tool_calls=not (tool_choice or {}).get("disable_parallel_tool_use"),
         body=body,
     )
 

@@ -40,7 +40,7 @@ from openforge_proxy.domain.conversation import (
     text_of,
 )
 from openforge_proxy.domain.output import ApiError, AssistantOutput, Finish, Usage, new_id
-from openforge_proxy.domain.protocols import pieces, sse
+from openforge_proxy.domain.protocols import pieces, sse, token_cap
 from openforge_proxy.domain.protocols.memo import ConversationMemo, begin, shared_tools
 from openforge_proxy.domain.protocols.responses import custom_tool_schema, openai_error_body
 
@@ -60,7 +60,11 @@ def _arguments(raw: Any) -> Any:
 
 def _tools(raw_tools: Any) -> list[Tool]:
     out: list[Tool] = []
-    for i, raw in enumerate(raw_tools or []):
+    if raw_tools is None:
+        return out
+    if not isinstance(raw_tools, list):
+        raise InvalidArgument.field("tools", "must be a list")
+    for i, raw in enumerate(raw_tools):
         if not isinstance(raw, dict):
             raise InvalidArgument.field(f"tools[{i}]", "must be an object")
         fn: dict[str, Any] | None = raw["function"] if isinstance(raw.get("function"), dict) else None
@@ -102,7 +106,9 @@ def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> Canonic
         The canonical request.
 
     Raises:
-        InvalidArgument: ``model`` is not a string or ``messages`` is not a list.
+        InvalidArgument: ``model`` is not a string, ``messages`` or ``tools`` or an
+            assistant message's ``tool_calls`` is not a list, or the token cap
+            (``max_completion_tokens``, else ``max_tokens``) is a boolean.
     """
     model = body.get("model")
     if not isinstance(model, str):
@@ -110,6 +116,7 @@ def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> Canonic
     raw_messages = body.get("messages")
     if not isinstance(raw_messages, list):
         raise InvalidArgument.field("messages", "must be a list")
+    max_tokens = token_cap(body, "max_completion_tokens", "max_tokens")
     resume = begin(memo, None, raw_messages)
     messages, ends, names = resume.messages, resume.ends, resume.names
     for i in range(resume.start, len(raw_messages)):
@@ -128,7 +135,12 @@ def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> Canonic
             reasoning = raw.get("reasoning_content", raw.get("reasoning"))
             if isinstance(reasoning, str):
                 msg.reasoning = reasoning
-            for tc in raw.get("tool_calls") or []:
+            raw_calls = raw.get("tool_calls")
+            if raw_calls is None:
+                raw_calls = []
+            elif not isinstance(raw_calls, list):
+                raise InvalidArgument.field(f"messages[{i}].tool_calls", "must be a list")
+            for tc in raw_calls:
                 if not isinstance(tc, dict):
                     continue
                 fn_raw = tc.get("function")
@@ -170,14 +182,13 @@ def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> Canonic
         tools = shared_tools("chat", raw_tools, _tools)
     if memo is not None:
         memo.commit(resume, messages, ends, 0)
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     options = body.get("stream_options")
     return CanonicalRequest(
         wire=WireApi.OPENAI_CHAT,
         model=model,
         messages=messages,
         tools=tools,
-        max_tokens=max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else None,
+        max_tokens=max_tokens,
         stream=bool(body.get("stream")),
         include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
         want_reasoning=True,

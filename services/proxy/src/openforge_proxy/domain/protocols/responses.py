@@ -47,7 +47,7 @@ from openforge_proxy.domain.conversation import (
     text_of,
 )
 from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, Usage, new_id
-from openforge_proxy.domain.protocols import pieces, sse
+from openforge_proxy.domain.protocols import pieces, sse, token_cap
 
 _ASSISTANT_ITEMS = {"reasoning", "function_call", "custom_tool_call"}
 
@@ -163,8 +163,9 @@ def parse(body: dict[str, Any], turn_of: Callable[[str], str | None] | None = No
         The canonical request.
 
     Raises:
-        InvalidArgument: ``model`` is not a string, or ``input`` is neither a
-            string nor a list.
+        InvalidArgument: ``model`` is not a string, ``input`` is neither a
+            string nor a list, a ``reasoning`` item's ``summary`` is not a list, or
+            ``max_output_tokens`` is a boolean.
     """
     model = body.get("model")
     if not isinstance(model, str):
@@ -176,6 +177,7 @@ def parse(body: dict[str, Any], turn_of: Callable[[str], str | None] | None = No
         items = raw_input
     else:
         raise InvalidArgument.field("input", "must be a string or a list of items")
+    max_tokens = token_cap(body, "max_output_tokens")
     messages: list[Message] = []
     if isinstance(body.get("instructions"), str) and body["instructions"]:
         messages.append(Message(role="system", content=body["instructions"]))
@@ -195,7 +197,7 @@ def parse(body: dict[str, Any], turn_of: Callable[[str], str | None] | None = No
             current_turn = turn
         return current
 
-    for raw in items:
+    for index, raw in enumerate(items):
         if not isinstance(raw, dict):
             continue
         kind = raw.get("type", "message")
@@ -228,7 +230,11 @@ def parse(body: dict[str, Any], turn_of: Callable[[str], str | None] | None = No
             if current is not None and (current.content or current.tool_calls):
                 current = None
             msg = assistant(refs)
-            summary = raw.get("summary") or []
+            summary = raw.get("summary")
+            if summary is None:
+                summary = []
+            elif not isinstance(summary, list):
+                raise InvalidArgument.field(f"input[{index}].summary", "must be a list")
             text = "\n\n".join(text_of([p]) for p in summary if isinstance(p, dict))
             msg.reasoning = (msg.reasoning + "\n\n" + text) if msg.reasoning else text
             msg.refs.extend(refs)
@@ -267,13 +273,12 @@ def parse(body: dict[str, Any], turn_of: Callable[[str], str | None] | None = No
             tools.extend(tools_of(raw.get("tools")))
         # other item types (web_search_call, compaction, item_reference...) are
         # recorded with the request but have no canonical rendering
-    max_tokens = body.get("max_output_tokens")
     return CanonicalRequest(
         wire=WireApi.OPENAI_RESPONSES,
         model=model,
         messages=messages,
         tools=tools,
-        max_tokens=max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else None,
+        max_tokens=max_tokens,
         stream=bool(body.get("stream")),
         want_reasoning=body.get("reasoning") is not None,
         parallel_tool_calls=body.get("parallel_tool_calls") is not False,

@@ -1,0 +1,80 @@
+"""Session limits hold whatever the order of calls: retries after a failed attempt, calls in
+flight together, and a session replaced by a newer one of the same rollout."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from openforge_proxy.domain.sessions import Limits
+from openforge_testing.fakes import ScriptedInferenceServer
+
+CHAT = "/v1/chat/completions"
+
+
+def _chat(text: str) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 16}
+
+
+async def test_a_call_counts_as_a_turn_when_admitted_even_if_its_first_attempt_failed(
+    model_dir: Path, start_proxy: Any
+) -> None:
+    fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "Sure.")
+    proxy = await start_proxy(fake)
+    key = proxy.session(limits=Limits(max_turns=1))
+    fake.fail_next.append(grpc.StatusCode.UNAVAILABLE)
+    assert (await proxy.post(CHAT, _chat("first"), key=key, bearer=True)).status == 503
+    assert (await proxy.post(CHAT, _chat("first"), key=key, bearer=True)).status == 200  # its retry
+    refused = await proxy.post(CHAT, _chat("second"), key=key, bearer=True)
+    assert refused.status == 400 and "rollout limit reached" in refused.json()["error"]["message"]
+    assert [(r.attempt, r.call_id) for r in proxy.recorder.records] == [(2, proxy.recorder.records[0].call_id)]
+    session = proxy.sessions.get("r1")
+    assert session.calls == 1 and session.reserved_tokens == 0
+
+
+async def test_calls_in_flight_together_count_against_the_limits(model_dir: Path, start_proxy: Any) -> None:
+    fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "a longer answer " * 4, token_delay_s=0.01)
+    proxy = await start_proxy(fake)
+    key = proxy.session(limits=Limits(max_turns=1))
+    replies = await asyncio.gather(*(proxy.post(CHAT, _chat(f"question {i}"), key=key, bearer=True) for i in range(5)))
+    assert sorted(r.status for r in replies) == [200, 400, 400, 400, 400]
+    assert proxy.sessions.get("r1").calls == 1 and len(proxy.recorder.records) == 1
+
+    budget = 60
+    key = proxy.session("r2", limits=Limits(max_total_tokens=budget))
+    replies = await asyncio.gather(*(proxy.post(CHAT, _chat(f"question {i}"), key=key, bearer=True) for i in range(5)))
+    served = [r for r in replies if r.status == 200]
+    assert served and all(r.status in (200, 400) for r in replies)
+    session = proxy.sessions.get("r2")
+    assert session.total_tokens <= budget and session.reserved_tokens == 0
+    assert session.total_tokens == sum(r.json()["usage"]["total_tokens"] for r in served)
+
+
+async def test_a_call_of_a_replaced_session_is_not_counted_in_the_new_one(model_dir: Path, start_proxy: Any) -> None:
+    fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "word " * 40, token_delay_s=0.02)
+    proxy = await start_proxy(fake)
+    key = proxy.session("r1", limits=Limits(max_turns=1))
+    old_call = asyncio.ensure_future(proxy.post(CHAT, _chat("x"), key=key, bearer=True))
+    for _ in range(500):  # until the engine generates it
+        if fake.seen:
+            break
+        await asyncio.sleep(0.01)
+    proxy.sessions.close("r1")
+    _, new_key = proxy.sessions.create(
+        request_id="r1-again",
+        rollout_id="r1",
+        run_id="run",
+        model_name="",
+        limits=Limits(max_turns=1),
+        sampling={},
+        ttl_s=None,
+    )
+    old = await old_call
+    assert old.status >= 400 and "error" in old.json()  # its session is gone: not recorded for the rollout
+    assert proxy.recorder.records == []
+    session = proxy.sessions.get("r1")
+    assert session.calls == 0 and session.total_tokens == 0 and session.reserved_tokens == 0
+    assert (await proxy.post(CHAT, _chat("new"), key=new_key, bearer=True)).status == 200
