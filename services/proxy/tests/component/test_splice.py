@@ -385,3 +385,31 @@ async def test_text_like_the_splice_placeholder_is_only_text(model_dir: Path, st
     assert "HAND WRITTEN ANSWER" in text and pasted in text
     assert [s.source_call_id for s in rec.splice.reused] == [proxy.recorder.records[0].call_id]
     check_invariants(proxy, fake)
+
+
+@pytest.mark.parametrize("reasoning", ["plan X", ""])
+async def test_twin_turns_of_two_conversations_stay_in_their_own(
+    model_dir: Path, start_proxy: Any, reasoning: str
+) -> None:
+    # a main agent and a sub-agent in one session both answer "OK." first, with nothing echoed
+    first = final_text("OK.", reasoning=reasoning) if reasoning else "OK."
+    fake = ScriptedInferenceServer(model_dir, [first, "OK.", "Next X.", "Next Y."])
+    proxy = await start_proxy(fake)
+    key = proxy.session()
+    convs = {
+        name: [{"role": "system", "content": f"You are {name}."}, {"role": "user", "content": f"task {name}"}]
+        for name in ("X", "Y")
+    }
+    for name in ("X", "Y"):
+        reply = await proxy.post(CHAT, {"model": "m", "messages": convs[name]}, key=key, bearer=True)
+        convs[name] += [reply.json()["choices"][0]["message"], {"role": "user", "content": f"go on {name}"}]
+    for name in ("X", "Y"):
+        assert (await proxy.post(CHAT, {"model": "m", "messages": convs[name]}, key=key, bearer=True)).status == 200
+    x1, y1, x2, y2 = proxy.recorder.records
+    for earlier, later in ((x1, x2), (y1, y2)):
+        assert later.splice.break_cause.value == "none", later.splice
+        assert later.splice.extends_call_id == earlier.call_id
+        assert later.prompt_ids[: len(earlier.prompt_ids) + len(earlier.completion_ids)] == (
+            earlier.prompt_ids + earlier.completion_ids
+        )
+    check_invariants(proxy, fake)

@@ -234,6 +234,20 @@ class GeneratedTurn:
     fingerprint: str
     message: Message
     parent: str | None = None
+    context: str = ""
+
+
+def context_key(before: Message | None) -> str:
+    """What a turn answered: the role and stripped text of the message before it ("" for none).
+
+    It tells apart turns that say the same after the same generated turn (or after none): a
+    main agent's and a sub-agent's first "OK.", which answered different requests.
+    """
+    if before is None:
+        return ""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(before.role.encode() + b"\x00" + before.content.strip().encode())
+    return h.hexdigest()
 
 
 @dataclass
@@ -509,7 +523,9 @@ class Splicer:
         """The generated turn an echoed identifier belongs to."""
         return self._refs.get(norm_ref(ref)) if ref else None
 
-    def match(self, msg: Message, used: set[str], previous: str | None = None) -> tuple[str | None, int]:
+    def match(
+        self, msg: Message, used: set[str], previous: str | None = None, before: Message | None = None
+    ) -> tuple[str | None, int]:
         """The generated turn an assistant message is, or None, and which rule decided.
 
         Args:
@@ -517,24 +533,31 @@ class Splicer:
             used: Turns matched to earlier messages of the request (never matched twice).
             previous: The turn the request's previous assistant message matched (None when
                 it matched none or this is the first one).
+            before: The message before ``msg`` in the request, if any.
 
         Returns:
             The turn whose echoed identifier the message carries (:data:`_BY_REF`); else,
-            among the unused turns saying the same, the latest one following ``previous`` in
-            the model's view (:data:`_BY_AFTER`); else the latest one saying the same
-            (:data:`_BY_FP`); else None (:data:`_BY_NONE`).
+            among the unused turns saying the same and following ``previous`` in the model's
+            view, the latest one that answered a message like ``before`` (:func:`context_key`),
+            else the latest one (:data:`_BY_AFTER`); else, among all unused turns saying the
+            same, chosen the same way (:data:`_BY_FP`); else None (:data:`_BY_NONE`).
         """
         fp = message_fingerprint(msg)
         for ref in msg.refs:
             turn = self.turn_of_ref(ref)
             if turn is not None and self.turns[turn].fingerprint == fp:
                 return turn, _BY_REF
-        for turn in reversed(self._after.get((previous, fp), ())):
-            if turn not in used:
-                return turn, _BY_AFTER
-        for turn in reversed(self._fps.get(fp, ())):
-            if turn not in used:
-                return turn, _BY_FP
+        context: list[str] = []  # computed once, and only when there is a choice
+        for rule, turns in ((_BY_AFTER, self._after.get((previous, fp), ())), (_BY_FP, self._fps.get(fp, ()))):
+            free = [t for t in reversed(turns) if t not in used]
+            if len(free) > 1:
+                if not context:
+                    context.append(context_key(before))
+                for turn in free:
+                    if self.turns[turn].context == context[0]:
+                        return turn, rule
+            if free:
+                return free[0], rule
         return None, _BY_NONE
 
     # --- building -----------------------------------------------------------
@@ -627,11 +650,12 @@ class Splicer:
             matched, vias, prevs = memo.matched[:k], memo.vias[:k], memo.previous[:k]
         used = set(filter(None, matched))
         previous = next((matched[j] for j in range(k - 1, -1, -1) if messages[j].role == "assistant"), None)
-        for msg in messages[k:]:
+        for i in range(k, len(messages)):
+            msg = messages[i]
             turn, via = None, _BY_NONE
             prevs.append(previous)
             if msg.role == "assistant":
-                turn, via = self.match(msg, used, previous)
+                turn, via = self.match(msg, used, previous, messages[i - 1] if i else None)
                 previous = turn
             if turn is not None:
                 used.add(turn)
@@ -829,6 +853,7 @@ class Splicer:
             fingerprint=fp,
             message=msg,
             parent=next((t for t in reversed(plan.turns) if t is not None), None),
+            context=context_key(plan.messages[-1] if plan.messages else None),
         )
         self.turns[turn_id] = gen
         refs = [norm_ref(ref) for ref in output.refs()]
