@@ -190,7 +190,18 @@ class HermesParser:
                 out.append(Event("tool", call=call))
 
 
-_ARGS_RE = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
+_ARGS_RE = {key: re.compile(rf'"{key}"\s*:\s*') for key in ("arguments", "parameters")}
+
+
+def _raw_arguments(text: str, key: str, args: Any) -> str:
+    """The arguments exactly as the model wrote them: the text after a ``"<key>":`` whose value
+    parses to ``args`` (the same key may also appear nested, or twice), else ``args`` serialized."""
+    raw = None
+    for m in _ARGS_RE[key].finditer(text):
+        value = _raw_value(text, m.end())
+        if value is not None and orjson.loads(value) == args:
+            raw = value  # the last one, as the parser keeps the last of duplicate keys
+    return raw if raw is not None else orjson.dumps(args).decode()
 
 
 @dataclass(frozen=True)
@@ -246,11 +257,7 @@ class HermesFamily:
             except orjson.JSONDecodeError:
                 return ParsedCall(obj["name"], args, args)
             return ParsedCall(obj["name"], parsed, args)
-        m = _ARGS_RE.search(text)
-        raw = _raw_value(text, m.end()) if m else None
-        if raw is None:
-            raw = orjson.dumps(args).decode()
-        return ParsedCall(obj["name"], args, raw)
+        return ParsedCall(obj["name"], args, _raw_arguments(text, key, args))
 
 
 def _raw_value(text: str, start: int) -> str | None:
