@@ -785,6 +785,7 @@ class _Generation:
         rt = p.runtime
         self._p = p
         self._eos = rt.eos_ids | set(p.sampling.stop_token_ids)
+        self._codec = rt.codec
         self._decoder = rt.codec.decoder()
         self._parser = rt.family.parser(rt.generation_prompt)
         self.out = AssistantOutput()
@@ -824,7 +825,7 @@ class _Generation:
                 continue
             text = self._decoder.step(tid)
             if logprobs is not None:
-                logprobs.append((text, delta.logprobs[i] if i < len(delta.logprobs) else None))
+                logprobs.append((self._codec.token_bytes(tid), delta.logprobs[i] if i < len(delta.logprobs) else None))
             if self._parser.in_reasoning:
                 self.reasoning_tokens += 1
             if text:

@@ -64,10 +64,10 @@ class AssistantOutput:
         signature: Opaque value returned as Anthropic thinking ``signature`` and
             Responses ``encrypted_content``; harnesses echo it back, which lets
             the proxy find the turn again.
-        token_logprobs: When the harness asked for logprobs: ``(text, logprob)`` of every
-            sampled token but the end-of-turn/stop token, in order (``text`` is what the
-            token added to the decoded output, "" while a multi-byte character is incomplete;
-            logprob in nats, as the engine reported it, None if it reported none). None when not asked.
+        token_logprobs: When the harness asked for logprobs: ``(bytes, logprob)`` of every
+            sampled token but the end-of-turn/stop token, in order (``bytes``: what the token
+            stands for, possibly part of a multi-byte character; logprob in nats, as the engine
+            reported it, None if it reported none). None when not asked.
     """
 
     reasoning: str = ""
@@ -76,7 +76,7 @@ class AssistantOutput:
     finish: Finish = Finish.STOP
     ids: dict[str, str] = field(default_factory=dict)
     signature: str = ""
-    token_logprobs: list[tuple[str, float | None]] | None = None
+    token_logprobs: list[tuple[bytes, float | None]] | None = None
 
     def refs(self) -> list[str]:
         """Every identifier of this output a harness may echo back."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer
-from tokenizers.decoders import DecodeStream
+from tokenizers.decoders import ByteLevel, DecodeStream
 
 from openforge_core.errors import FailedPrecondition
 from openforge_core.protowire import varint
@@ -188,6 +188,23 @@ class SharedChunks:
         return len(self._entries)
 
 
+def _byte_of() -> dict[str, int]:
+    """GPT-2's ``bytes_to_unicode`` (Radford et al. 2019, ``encoder.py``), inverted: the
+    character that spells each byte in a byte-level BPE vocabulary → the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_BYTE_OF = _byte_of()
+
+
 class TokenizerCodec:
     """A ``tokenizers.Tokenizer`` with chunked encoding and streaming decoding.
 
@@ -204,6 +221,7 @@ class TokenizerCodec:
             raise FailedPrecondition(f"{split_marker!r} is not a token of this tokenizer", reason="BAD_TOKENIZER")
         self._varints = [varint(i) for i in range(tokenizer.get_vocab_size(with_added_tokens=True))]
         self.shared = SharedChunks()
+        self._token_bytes: dict[int, bytes] = {}
 
     @classmethod
     def from_dir(cls, model_dir: Path, split_marker: str = "") -> TokenizerCodec:
@@ -300,6 +318,23 @@ class TokenizerCodec:
             add_packed(g[1])
             n += len(g[1])
         out.packed_len += n
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for, also where they are part of a UTF-8 character.
+
+        Byte-level BPE vocabularies (GPT-2, Qwen, Llama 3) spell each byte as one character of
+        GPT-2's ``bytes_to_unicode`` table; added tokens (``<|im_end|>``) are their UTF-8 text.
+        For other vocabularies, the token's own decoded text.
+        """
+        got = self._token_bytes.get(token_id)
+        if got is None:
+            piece = self._tok.id_to_token(token_id) or ""
+            if isinstance(self._tok.decoder, ByteLevel) and all(c in _BYTE_OF for c in piece):
+                got = bytes(_BYTE_OF[c] for c in piece)
+            else:
+                got = self._tok.decode([token_id], skip_special_tokens=False).encode()
+            self._token_bytes[token_id] = got
+        return got
 
     def decode(self, ids: list[int]) -> str:
         """Text of ``ids`` with special tokens kept."""

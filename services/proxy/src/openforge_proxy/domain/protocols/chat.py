@@ -227,17 +227,21 @@ def _finish_reason(out: AssistantOutput) -> str:
     return _FINISH[out.finish]
 
 
-def logprobs_json(entries: list[tuple[str, float | None]] | None) -> dict[str, Any] | None:
+def logprobs_json(entries: list[tuple[bytes, float | None]] | None) -> dict[str, Any] | None:
     """A choice's ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}], "refusal": None}``.
 
-    The engine reports the sampled token's logprob only, so ``top_logprobs`` is always ``[]``
-    (also when the request asked for ``top_logprobs``). None when logprobs were not asked for.
+    One entry per sampled token: ``bytes`` are the token's own bytes (a multi-byte character
+    split over tokens has part of its bytes in each, as OpenAI reports them), ``token`` is their
+    text with bytes that are no complete character written as ``\\xNN``. The engine reports the
+    sampled token's logprob only, so ``top_logprobs`` is always ``[]`` (also when the request
+    asked for ``top_logprobs``). None when logprobs were not asked for.
     """
     if entries is None:
         return None
     return {
         "content": [
-            {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []} for text, lp in entries
+            {"token": raw.decode("utf-8", "backslashreplace"), "logprob": lp, "bytes": list(raw), "top_logprobs": []}
+            for raw, lp in entries
         ],
         "refusal": None,
     }
