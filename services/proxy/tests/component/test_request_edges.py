@@ -40,7 +40,12 @@ async def test_json_nested_too_deep_to_record_is_refused_before_the_answer(
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}], "x": _deep(300)}
     reply = await proxy.post(RESPONSES, {"model": "m", "stream": stream, "input": [item]}, key=key, bearer=True)
     assert reply.status == 400 and reply.json()["error"]["type"] == "invalid_request_error"
+    for field in ("reasoning", "tool_choice"):  # echoed in the response object
+        echoed = {"model": "m", "stream": stream, "input": "hi", field: _deep(300)}
+        reply = await proxy.post(RESPONSES, echoed, key=key, bearer=True)
+        assert reply.status == 400 and reply.json()["error"]["type"] == "invalid_request_error", field
     assert proxy.recorder.records == []
+    assert len(proxy.fake.seen) == 0  # refused before the engine was asked
     # 200 levels are an unknown field like any other: accepted and kept in the record
     reply = await proxy.post(MESSAGES, {**body, "messages": [{**message, "x_meta": _deep(200)}]}, key=key)
     assert reply.status == 200

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from openforge_proxy.domain.sessions import Limits
 from openforge_testing.fakes import ScriptedInferenceServer
@@ -47,17 +48,24 @@ async def test_calls_in_flight_together_count_against_the_limits(model_dir: Path
     key = proxy.session("r2", limits=Limits(max_total_tokens=budget))
     replies = await asyncio.gather(*(proxy.post(CHAT, _chat(f"question {i}"), key=key, bearer=True) for i in range(5)))
     served = [r for r in replies if r.status == 200]
-    assert served and all(r.status in (200, 400) for r in replies)
+    assert served and all(r.status in (200, 400, 503) for r in replies)
     session = proxy.sessions.get("r2")
     assert session.total_tokens <= budget and session.reserved_tokens == 0
     assert session.total_tokens == sum(r.json()["usage"]["total_tokens"] for r in served)
 
 
-async def test_a_call_of_a_replaced_session_is_not_counted_in_the_new_one(model_dir: Path, start_proxy: Any) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_call_of_a_replaced_session_fails_cleanly_and_is_not_counted_in_the_new_one(
+    model_dir: Path, start_proxy: Any, stream: bool
+) -> None:
+    """The session is closed and a new one opened for the rollout while the engine generates:
+    the call fails whole in its protocol's shape (an error event ends a stream), nothing is
+    recorded, and nothing is counted in the new session."""
     fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "word " * 40, token_delay_s=0.02)
     proxy = await start_proxy(fake)
     key = proxy.session("r1", limits=Limits(max_turns=1))
-    old_call = asyncio.ensure_future(proxy.post(CHAT, _chat("x"), key=key, bearer=True))
+    proxy.recorder.ack_delay_s = 0.05
+    old_call = asyncio.ensure_future(proxy.post(CHAT, {**_chat("x"), "stream": stream}, key=key, bearer=True))
     for _ in range(500):  # until the engine generates it
         if fake.seen:
             break
@@ -72,9 +80,44 @@ async def test_a_call_of_a_replaced_session_is_not_counted_in_the_new_one(model_
         sampling={},
         ttl_s=None,
     )
-    old = await old_call
-    assert old.status >= 400 and "error" in old.json()  # its session is gone: not recorded for the rollout
+    old = await asyncio.wait_for(old_call, 10)
+    if stream:
+        assert old.status == 200
+        last = old.events()[-1][1]
+        assert "error" in last and "session ended" in last["error"]["message"]
+    else:
+        assert old.status == 401 and "session ended" in old.json()["error"]["message"]
     assert proxy.recorder.records == []
     session = proxy.sessions.get("r1")
     assert session.calls == 0 and session.total_tokens == 0 and session.reserved_tokens == 0
     assert (await proxy.post(CHAT, _chat("new"), key=new_key, bearer=True)).status == 200
+
+
+async def test_a_call_that_could_not_be_recorded_uses_no_budget(model_dir: Path, start_proxy: Any) -> None:
+    fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "Sure.")
+    proxy = await start_proxy(fake)
+    key = proxy.session(limits=Limits(max_total_tokens=1000))
+    proxy.recorder.fail = ConnectionError("bus down")
+    assert (await proxy.post(CHAT, _chat("first"), key=key, bearer=True)).status == 503
+    session = proxy.sessions.get("r1")
+    assert session.total_tokens == 0 and session.reserved_tokens == 0 and session.calls == 1
+    proxy.recorder.fail = None
+    ok = await proxy.post(CHAT, _chat("first"), key=key, bearer=True)  # the retry: attempt 2, counted
+    assert ok.status == 200
+    assert proxy.sessions.get("r1").total_tokens == ok.json()["usage"]["total_tokens"]
+
+
+async def test_a_budget_held_by_calls_in_flight_is_a_retry_not_the_end(model_dir: Path, start_proxy: Any) -> None:
+    # each call reserves its prompt and its completion cap (4096 by default) while in flight
+    fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "a short answer", token_delay_s=0.01)
+    proxy = await start_proxy(fake)
+    key = proxy.session(limits=Limits(max_total_tokens=10_000))
+    calls = [{"model": "m", "messages": [{"role": "user", "content": f"question {i}"}]} for i in range(4)]
+    replies = await asyncio.gather(*(proxy.post(CHAT, c, key=key, bearer=True) for c in calls))
+    busy = [(c, r) for c, r in zip(calls, replies, strict=True) if r.status != 200]
+    assert busy, [r.status for r in replies]
+    for call, reply in busy:  # retryable, and served once the others are done
+        assert reply.status == 503 and reply.headers["retry-after"] == "1"
+        assert "in flight" in reply.json()["error"]["message"]
+        assert (await proxy.post(CHAT, call, key=key, bearer=True)).status == 200
+    assert proxy.sessions.get("r1").reserved_tokens == 0

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from pathlib import Path
@@ -357,7 +358,10 @@ def test_floats_that_are_not_whole_keep_their_identity() -> None:
 
     assert fingerprint("", [("f", '{"a": 30.0}')]) == fingerprint("", [("f", {"a": 30})])
     assert fingerprint("", [("f", '{"a": 30.5}')]) != fingerprint("", [("f", {"a": 30})])
-    assert fingerprint("", [("f", '{"a": 1e300}')]) == fingerprint("", [("f", {"a": 1e300})])  # beyond 2**53
+    assert fingerprint("", [("f", '{"a": 1e17}')]) == fingerprint("", [("f", '{"a": 100000000000000000}')])
+    assert fingerprint("", [("f", '{"a": 1e20}')]) == fingerprint("", [("f", '{"a": 100000000000000000000}')])
+    assert fingerprint("", [("f", '{"a": -2e18}')]) == fingerprint("", [("f", '{"a": -2000000000000000000}')])
+    assert fingerprint("", [("f", '{"a": 1e300}')]) == fingerprint("", [("f", {"a": 1e300})])  # beyond 2**64
     assert fingerprint("", [("f", '{"a": 1e300}')]) != fingerprint("", [("f", {"a": 1e299})])
     assert fingerprint("", [("f", '{"a": "30.0"}')]) != fingerprint("", [("f", {"a": "30"})])
 
@@ -387,9 +391,9 @@ async def test_text_like_the_splice_placeholder_is_only_text(model_dir: Path, st
     check_invariants(proxy, fake)
 
 
-@pytest.mark.parametrize("reasoning", ["plan X", ""])
+@pytest.mark.parametrize(("reasoning", "same_task"), [("plan X", False), ("", False), ("plan X", True)])
 async def test_twin_turns_of_two_conversations_stay_in_their_own(
-    model_dir: Path, start_proxy: Any, reasoning: str
+    model_dir: Path, start_proxy: Any, reasoning: str, same_task: bool
 ) -> None:
     # a main agent and a sub-agent in one session both answer "OK." first, with nothing echoed
     first = final_text("OK.", reasoning=reasoning) if reasoning else "OK."
@@ -397,7 +401,10 @@ async def test_twin_turns_of_two_conversations_stay_in_their_own(
     proxy = await start_proxy(fake)
     key = proxy.session()
     convs = {
-        name: [{"role": "system", "content": f"You are {name}."}, {"role": "user", "content": f"task {name}"}]
+        name: [
+            {"role": "system", "content": f"You are {name}."},
+            {"role": "user", "content": "Continue." if same_task else f"task {name}"},
+        ]
         for name in ("X", "Y")
     }
     for name in ("X", "Y"):
@@ -413,3 +420,33 @@ async def test_twin_turns_of_two_conversations_stay_in_their_own(
             earlier.prompt_ids + earlier.completion_ids
         )
     check_invariants(proxy, fake)
+
+
+async def test_an_attempt_the_client_left_is_not_taken_for_the_one_it_continued(
+    model_dir: Path, start_proxy: Any
+) -> None:
+    # attempt 1 (non-streamed) is left by its client, generated on and recorded after attempt 2
+    # of the retry; both say "OK.", with different reasoning: the client goes on from attempt 2
+    answers = [final_text("OK.", reasoning="slow " * 40), final_text("OK.", reasoning="fast"), "Next."]
+    fake = ScriptedInferenceServer(model_dir, answers, token_delay_s=0.01)
+    proxy = await start_proxy(fake)
+    key = proxy.session()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "task"}]
+    body = json.dumps({"model": "m", "messages": messages}).encode()
+    assert proxy.http is not None
+    _, writer = await asyncio.open_connection("127.0.0.1", proxy.http.port)
+    head = f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-api-key: {key}\r\n"
+    writer.write(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    await writer.drain()
+    await asyncio.sleep(0.3)
+    writer.close()  # the client gives up on attempt 1
+    answer = (await proxy.post(CHAT, body, key=key)).json()["choices"][0]["message"]
+    for _ in range(1000):
+        if len(proxy.recorder.records) == 2:
+            break
+        await asyncio.sleep(0.02)
+    assert [r.attempt for r in proxy.recorder.records] == [2, 1], (proxy.recorder.records, len(fake.seen))
+    messages += [answer, {"role": "user", "content": "go on"}]
+    assert (await proxy.post(CHAT, {"model": "m", "messages": messages}, key=key)).status == 200
+    text = proxy.runtime.codec.decode(proxy.recorder.records[-1].prompt_ids)
+    assert "fast" in text and "slow" not in text

@@ -26,6 +26,7 @@ recorder are injected. Order of one call:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import secrets
 import time
@@ -96,6 +97,11 @@ class Responder(Protocol):
 
     async def write(self, data: bytes) -> None:
         """Stream bytes out. Raises :class:`ClientGone`."""
+        ...
+
+    def client_gone(self) -> bool:
+        """Whether the client's connection is closed or closing (what was sent may not have
+        reached it)."""
         ...
 
 
@@ -464,7 +470,7 @@ class CallHandler:
                 raise ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {limits.max_turns} turns")
         else:
             plan.report.retry(known.call_id)
-        if limits.max_total_tokens and session.total_tokens + session.reserved_tokens >= limits.max_total_tokens:
+        if limits.max_total_tokens and session.total_tokens >= limits.max_total_tokens:
             raise ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {limits.max_total_tokens} tokens")
         sampling = self._sampling(session, request, runtime, len(plan.prompt))
         if known is None:
@@ -513,6 +519,13 @@ class CallHandler:
             caps.append(context - prompt_len)
         max_tokens = min(caps)
         if max_tokens < 1:
+            if limits.max_total_tokens and limits.max_total_tokens - session.total_tokens - prompt_len >= 1:
+                # room once the calls in flight end: a retry can succeed, the rollout goes on
+                raise ApiError(
+                    ErrorKind.UNAVAILABLE,
+                    "the rollout's token budget is held by its calls in flight; retry",
+                    retry_after_s=1,
+                )
             raise ApiError(ErrorKind.LIMIT_REACHED, "rollout limit reached: no tokens left in the budget")
         stop = tuple(int(i) for i in enforced.get("stop_token_ids") or ())
         return Sampling(
@@ -614,8 +627,18 @@ class CallHandler:
             if pre is None:
                 pre = _PreRecord.of(p, body, self._recorder)
             # before anything is published or sent: a session gone meanwhile fails the call cleanly
-            self._sessions.settle(p.session, reserved=p.reserved, tokens=usage0.prompt_tokens + len(gen.ids))
-            p.settled = True
+            try:
+                self._sessions.current(p.session)
+            except OpenForgeError:
+                err = ApiError(ErrorKind.AUTHENTICATION, "the session ended while the call was served")
+                log.info(EV_CALL_FAILED, call_id=p.call_id, attempt=p.attempt, reason=err.message)
+                if p.request.stream:
+                    with contextlib.suppress(ClientGone):
+                        await responder.write(encoder.error(err.message))
+                else:
+                    status, payload, extra = error_response(wire, err, request_id)
+                    await responder.send_json(status, payload, extra)
+                return
             turn_id = turn_id_of(p.call_id, p.attempt)
             record = CallRecordData(
                 rollout_id=p.session.rollout_id,
@@ -683,6 +706,10 @@ class CallHandler:
                     status, payload, extra = error_response(wire, err, request_id)
                     await responder.send_json(status, payload, extra)
                 return
+            # counted once stored (a call that could not be recorded is retried, and counted then)
+            with contextlib.suppress(OpenForgeError):  # the session is gone since: nothing to count in
+                self._sessions.settle(p.session, reserved=p.reserved, tokens=usage0.prompt_tokens + len(gen.ids))
+            p.settled = True
             p.state.recorded(record, turn_id)
             try:
                 if p.request.stream:
@@ -691,8 +718,11 @@ class CallHandler:
                     await responder.release()
                 else:
                     await responder.send_json(200, final, {id_header: request_id})
+                if responder.client_gone():
+                    raise ClientGone()
             except ClientGone:
                 log.info(EV_CLIENT_GONE, call_id=p.call_id, attempt=p.attempt, after_record=True)
+                p.state.splicer.undelivered(turn_id)
                 return
             log.info(
                 EV_CALL_DONE,

@@ -157,13 +157,16 @@ def norm_ref(ref: str) -> str:
 
 
 def _integral(value: Any) -> Any:
-    """``value`` with every float that is a whole number (within ±2**53) as an int.
+    """``value`` with every float that is a whole number in orjson's integer range
+    (-2**63 to 2**64 - 1) as an int.
 
     JavaScript has one number type: a client built on it (Claude Code, OpenClaw) sends the
-    model's ``30.0`` or ``1e3`` back as ``30`` or ``1000``.
+    model's ``30.0``, ``1e3`` or ``1e17`` back as ``30``, ``1000`` or ``100000000000000000``
+    (``JSON.stringify`` writes whole numbers below 1e21 as integer digits), which orjson reads
+    back as an int within that range and as a float beyond it.
     """
     if isinstance(value, float):
-        return int(value) if value.is_integer() and abs(value) <= 2**53 else value
+        return int(value) if value.is_integer() and -(2**63) <= value < 2**64 else value
     if isinstance(value, dict):
         return {k: _integral(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -235,19 +238,28 @@ class GeneratedTurn:
     message: Message
     parent: str | None = None
     context: str = ""
+    delivered: bool = True
 
 
-def context_key(before: Message | None) -> str:
-    """What a turn answered: the role and stripped text of the message before it ("" for none).
+def _text_digest(msg: Message | None) -> bytes:
+    if msg is None:
+        return b""
+    d = msg.text_digest
+    if d is None:
+        d = msg.text_digest = hashlib.blake2b(
+            msg.role.encode() + b"\x00" + msg.content.strip().encode(), digest_size=16
+        ).digest()
+    return d
+
+
+def context_key(first: Message | None, before: Message | None) -> str:
+    """What a turn answered: the role and stripped text of the conversation's first message
+    (usually the system prompt) and of the message right before the turn.
 
     It tells apart turns that say the same after the same generated turn (or after none): a
     main agent's and a sub-agent's first "OK.", which answered different requests.
     """
-    if before is None:
-        return ""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(before.role.encode() + b"\x00" + before.content.strip().encode())
-    return h.hexdigest()
+    return (_text_digest(first) + _text_digest(before)).hex()
 
 
 @dataclass
@@ -524,7 +536,12 @@ class Splicer:
         return self._refs.get(norm_ref(ref)) if ref else None
 
     def match(
-        self, msg: Message, used: set[str], previous: str | None = None, before: Message | None = None
+        self,
+        msg: Message,
+        used: set[str],
+        previous: str | None = None,
+        before: Message | None = None,
+        first: Message | None = None,
     ) -> tuple[str | None, int]:
         """The generated turn an assistant message is, or None, and which rule decided.
 
@@ -534,13 +551,16 @@ class Splicer:
             previous: The turn the request's previous assistant message matched (None when
                 it matched none or this is the first one).
             before: The message before ``msg`` in the request, if any.
+            first: The request's first message, if any.
 
         Returns:
             The turn whose echoed identifier the message carries (:data:`_BY_REF`); else,
             among the unused turns saying the same and following ``previous`` in the model's
-            view, the latest one that answered a message like ``before`` (:func:`context_key`),
-            else the latest one (:data:`_BY_AFTER`); else, among all unused turns saying the
-            same, chosen the same way (:data:`_BY_FP`); else None (:data:`_BY_NONE`).
+            view, the latest one that answered the same (:func:`context_key` of ``first`` and
+            ``before``) and reached the harness, else the latest that answered the same, else
+            the latest that reached the harness, else the latest (:data:`_BY_AFTER`); else,
+            among all unused turns saying the same, chosen the same way (:data:`_BY_FP`);
+            else None (:data:`_BY_NONE`).
         """
         fp = message_fingerprint(msg)
         for ref in msg.refs:
@@ -552,13 +572,28 @@ class Splicer:
             free = [t for t in reversed(turns) if t not in used]
             if len(free) > 1:
                 if not context:
-                    context.append(context_key(before))
-                for turn in free:
-                    if self.turns[turn].context == context[0]:
-                        return turn, rule
+                    context.append(context_key(first, before))
+                gens = [self.turns[t] for t in free]
+                for gen in gens:  # answered the same, and the harness got it (not only an attempt it left)
+                    if gen.context == context[0] and gen.delivered:
+                        return gen.turn_id, rule
+                for gen in gens:
+                    if gen.context == context[0]:
+                        return gen.turn_id, rule
+                for gen in gens:
+                    if gen.delivered:
+                        return gen.turn_id, rule
             if free:
                 return free[0], rule
         return None, _BY_NONE
+
+    def undelivered(self, turn_id: str) -> None:
+        """Marks a committed turn whose answer never reached the harness (it left first): among
+        turns that say the same, :meth:`match` takes it last."""
+        gen = self.turns.get(turn_id)
+        if gen is not None and gen.delivered:
+            gen.delivered = False
+            self._matching = None  # matches kept from earlier builds may have taken it
 
     # --- building -----------------------------------------------------------
 
@@ -655,7 +690,7 @@ class Splicer:
             turn, via = None, _BY_NONE
             prevs.append(previous)
             if msg.role == "assistant":
-                turn, via = self.match(msg, used, previous, messages[i - 1] if i else None)
+                turn, via = self.match(msg, used, previous, messages[i - 1] if i else None, messages[0])
                 previous = turn
             if turn is not None:
                 used.add(turn)
@@ -853,7 +888,7 @@ class Splicer:
             fingerprint=fp,
             message=msg,
             parent=next((t for t in reversed(plan.turns) if t is not None), None),
-            context=context_key(plan.messages[-1] if plan.messages else None),
+            context=context_key(plan.messages[0], plan.messages[-1]) if plan.messages else context_key(None, None),
         )
         self.turns[turn_id] = gen
         refs = [norm_ref(ref) for ref in output.refs()]

@@ -99,6 +99,10 @@ class _Responder:
             await self.response.write(self._held)
             await self.response.write_eof()
 
+    def client_gone(self) -> bool:
+        transport = self._request.transport
+        return transport is None or transport.is_closing()
+
     def abort(self) -> None:
         transport = self._request.transport
         if transport is not None:

@@ -273,6 +273,9 @@ def parse(body: dict[str, Any], turn_of: Callable[[str], str | None] | None = No
             tools.extend(tools_of(raw.get("tools")))
         # other item types (web_search_call, compaction, item_reference...) are
         # recorded with the request but have no canonical rendering
+    for echoed in ("reasoning", "tool_choice"):  # in every response object: writable, or refused now
+        if body.get(echoed) is not None:
+            orjson.dumps(body[echoed])  # raises orjson.JSONEncodeError (too deep): the caller's 400
     return CanonicalRequest(
         wire=WireApi.OPENAI_RESPONSES,
         model=model,
