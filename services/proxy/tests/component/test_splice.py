@@ -450,3 +450,42 @@ async def test_an_attempt_the_client_left_is_not_taken_for_the_one_it_continued(
     assert (await proxy.post(CHAT, {"model": "m", "messages": messages}, key=key)).status == 200
     text = proxy.runtime.codec.decode(proxy.recorder.records[-1].prompt_ids)
     assert "fast" in text and "slow" not in text
+
+
+async def test_a_turn_after_an_edited_one_is_found_in_its_own_conversation(model_dir: Path, start_proxy: Any) -> None:
+    # Y's "OK." follows no turn; X's "OK." follows X's "Plan.", which X's client then edits: X's
+    # "OK." now follows no matched turn either, and is X's own by what it answered
+    fake = ScriptedInferenceServer(model_dir, ["OK.", "Plan.", final_text("OK.", reasoning="hmm"), "Done."])
+    proxy = await start_proxy(fake)
+    key = proxy.session()
+    y = [{"role": "system", "content": "You are Y."}, {"role": "user", "content": "task Y"}]
+    x: list[dict[str, Any]] = [{"role": "system", "content": "You are X."}, {"role": "user", "content": "task X"}]
+    await proxy.post(CHAT, {"model": "m", "messages": y}, key=key, bearer=True)
+    for follow_up in ("go", "more"):
+        reply = await proxy.post(CHAT, {"model": "m", "messages": x}, key=key, bearer=True)
+        x += [reply.json()["choices"][0]["message"], {"role": "user", "content": follow_up}]
+    x[2] = {"role": "assistant", "content": "Plan, edited."}
+    assert (await proxy.post(CHAT, {"model": "m", "messages": x}, key=key, bearer=True)).status == 200
+    records = proxy.recorder.records
+    assert [s.source_call_id for s in records[-1].splice.reused] == [records[2].call_id]
+    assert "hmm" in proxy.runtime.codec.decode(records[-1].prompt_ids)
+
+
+async def test_an_http_1_0_client_gets_its_stream_until_the_connection_closes(
+    model_dir: Path, start_proxy: Any
+) -> None:
+    proxy = await start_proxy(ScriptedInferenceServer(model_dir, default=lambda prompt: "streamed"))
+    key = proxy.session()
+    assert proxy.http is not None
+    body = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}).encode()
+    head = f"POST {CHAT} HTTP/1.0\r\nContent-Type: application/json\r\nx-api-key: {key}\r\n"
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.http.port)
+    writer.write(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    await writer.drain()
+    raw = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert raw.startswith(b"HTTP/1.0 200") and b"Transfer-Encoding: chunked" not in raw
+    assert raw.endswith(b"data: [DONE]\n\n")
+    chunks = [json.loads(line[6:]) for line in raw.split(b"\r\n\r\n", 1)[1].split(b"\n") if line[6:7] == b"{"]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "streamed"
+    assert len(proxy.recorder.records) == 1

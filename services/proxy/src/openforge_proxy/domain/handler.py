@@ -681,6 +681,8 @@ class CallHandler:
             # no request can hold this turn before its answer is complete (after the acknowledgement)
             try:
                 p.state.splicer.commit(p.plan, call_id=p.call_id, attempt=p.attempt, output=out, sampled=gen.ids)
+                if responder.client_gone():  # left already: its answer will not reach it
+                    p.state.splicer.undelivered(turn_id)
             except BaseException:  # a bug: the answer must not stay one byte short
                 if held:
                     responder.abort()
@@ -707,8 +709,21 @@ class CallHandler:
                     await responder.send_json(status, payload, extra)
                 return
             # counted once stored (a call that could not be recorded is retried, and counted then)
-            with contextlib.suppress(OpenForgeError):  # the session is gone since: nothing to count in
+            try:
                 self._sessions.settle(p.session, reserved=p.reserved, tokens=usage0.prompt_tokens + len(gen.ids))
+            except OpenForgeError:  # the session was replaced while the record was acknowledged
+                p.settled = True  # nothing of it is left to release
+                err = ApiError(ErrorKind.AUTHENTICATION, "the session ended while the call was served")
+                log.info(EV_CALL_FAILED, call_id=p.call_id, attempt=p.attempt, reason=err.message, recorded=True)
+                if held:
+                    responder.abort()
+                elif p.request.stream:
+                    with contextlib.suppress(ClientGone):
+                        await responder.write(encoder.error(err.message))
+                else:
+                    status, payload, extra = error_response(wire, err, request_id)
+                    await responder.send_json(status, payload, extra)
+                return
             p.settled = True
             p.state.recorded(record, turn_id)
             try:

@@ -117,7 +117,10 @@ class _Responder:
                 **headers,
             },
         )
-        resp.enable_chunked_encoding()
+        if self._request.version >= (1, 1):
+            resp.enable_chunked_encoding()
+        else:  # HTTP/1.0 has no chunks: the stream ends when the connection closes
+            resp.force_close()
         try:
             await resp.prepare(self._request)
         except _CLIENT_GONE as exc:
@@ -363,7 +366,8 @@ class HttpServer:
             log.exception(EV_HTTP_ERROR, path=suffix)
             if responder.response is None or not responder.response.prepared:
                 return _plain_error(api, ApiError(ErrorKind.INTERNAL, "internal error"))
-        assert responder.response is not None
+        if responder.response is None:  # the client left before anything was sent: nobody reads this
+            return web.Response(status=499)
         return responder.response
 
 
