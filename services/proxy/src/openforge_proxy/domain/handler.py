@@ -632,12 +632,7 @@ class CallHandler:
             except OpenForgeError:
                 err = ApiError(ErrorKind.AUTHENTICATION, "the session ended while the call was served")
                 log.info(EV_CALL_FAILED, call_id=p.call_id, attempt=p.attempt, reason=err.message)
-                if p.request.stream:
-                    with contextlib.suppress(ClientGone):
-                        await responder.write(encoder.error(err.message))
-                else:
-                    status, payload, extra = error_response(wire, err, request_id)
-                    await responder.send_json(status, payload, extra)
+                await _break_off(responder, encoder, err, wire, request_id, stream=p.request.stream, held=False)
                 return
             turn_id = turn_id_of(p.call_id, p.attempt)
             record = CallRecordData(
@@ -697,16 +692,7 @@ class CallHandler:
                 else:
                     log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=type(exc).__name__)
                     err = ApiError(ErrorKind.UNAVAILABLE, "the call could not be recorded; retry")
-                if held:  # the answer began: it is broken off, and the harness retries the call
-                    responder.abort()
-                elif p.request.stream:
-                    try:
-                        await responder.write(encoder.error(err.message))
-                    except ClientGone:
-                        pass
-                else:
-                    status, payload, extra = error_response(wire, err, request_id)
-                    await responder.send_json(status, payload, extra)
+                await _break_off(responder, encoder, err, wire, request_id, stream=p.request.stream, held=held)
                 return
             # counted once stored (a call that could not be recorded is retried, and counted then)
             try:
@@ -715,14 +701,7 @@ class CallHandler:
                 p.settled = True  # nothing of it is left to release
                 err = ApiError(ErrorKind.AUTHENTICATION, "the session ended while the call was served")
                 log.info(EV_CALL_FAILED, call_id=p.call_id, attempt=p.attempt, reason=err.message, recorded=True)
-                if held:
-                    responder.abort()
-                elif p.request.stream:
-                    with contextlib.suppress(ClientGone):
-                        await responder.write(encoder.error(err.message))
-                else:
-                    status, payload, extra = error_response(wire, err, request_id)
-                    await responder.send_json(status, payload, extra)
+                await _break_off(responder, encoder, err, wire, request_id, stream=p.request.stream, held=held)
                 return
             p.settled = True
             p.state.recorded(record, turn_id)
@@ -957,6 +936,22 @@ class _PreRecord:
             cut = RecordCut.of(base, prompt.packed, request_json, canonical_json, prompt_ids=len(prompt))
         parts = recorder.encode_parts(prompt, request_json, canonical_json, p.plan.report, cut)
         return _PreRecord(request_json, canonical_json, cut, parts)
+
+
+async def _break_off(
+    responder: Responder, encoder: _Encoder, err: ApiError, wire: WireApi, request_id: str, *, stream: bool, held: bool
+) -> None:
+    """Ends a call whose answer is ready or begun with ``err``: a held answer is broken off (the
+    harness sees a broken response and retries), a stream ends with the protocol's error event,
+    else the error body in the protocol's shape is sent."""
+    if held:
+        responder.abort()
+    elif stream:
+        with contextlib.suppress(ClientGone):
+            await responder.write(encoder.error(err.message))
+    else:
+        status, payload, extra = error_response(wire, err, request_id)
+        await responder.send_json(status, payload, extra)
 
 
 async def _until_finish(first: Delta, stream: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
