@@ -416,8 +416,8 @@ class _Matching:
         by_ref: Normalized reference -> the first assistant message carrying it.
         by_key: (previous turn, fingerprint) -> the first assistant message the reference
             rule did not decide with them.
-        by_fp: Fingerprint -> the first assistant message neither of the first two rules decided,
-            or that has no predecessor (:meth:`Splicer.match` then weighs every turn saying the same).
+        by_fp: Fingerprint -> the first assistant message neither of the first two rules decided
+            (:data:`_BY_FP`: :meth:`Splicer.match` weighed every turn saying the same).
     """
 
     messages: list[Message]
@@ -442,7 +442,7 @@ class _Matching:
             if via != _BY_REF:
                 fp = message_fingerprint(msg)
                 self.by_key.setdefault((self.previous[i], fp), i)
-                if via != _BY_AFTER or self.previous[i] is None:  # with no predecessor, every twin counts
+                if via != _BY_AFTER:
                     self.by_fp.setdefault(fp, i)
 
     def first_changed(self, gen: GeneratedTurn, refs: list[str]) -> int:
@@ -569,29 +569,37 @@ class Splicer:
             if turn is not None and self.turns[turn].fingerprint == fp:
                 return turn, _BY_REF
         after = [self.turns[t] for t in reversed(self._after.get((previous, fp), ())) if t not in used]
-        same = [self.turns[t] for t in reversed(self._fps.get(fp, ())) if t not in used]
-        if len(after) == 1 and (previous is not None or len(same) == 1):
+        if len(after) == 1 and previous is not None:
             return after[0].turn_id, _BY_AFTER  # no choice
+        same = [self.turns[t] for t in reversed(self._fps.get(fp, ())) if t not in used]
         if not after and len(same) <= 1:
             return (same[0].turn_id, _BY_FP) if same else (None, _BY_NONE)
         context = context_key(first, before)
         # answered the same, and the harness got it (not only an attempt it left); else answered
         # the same. With no predecessor (the first turn, or one after an edited turn), a turn
         # that answered the same counts more than following no turn.
-        ranked = [(after, _BY_AFTER)] + ([(same, _BY_FP)] if previous is None or not after else [])
-        for gens, rule in ranked:
-            for gen in gens:
+        for gen in after:
+            if gen.context == context and gen.delivered:
+                return gen.turn_id, _BY_AFTER
+        for gen in after:
+            if gen.context == context:
+                return gen.turn_id, _BY_AFTER
+        weigh_all = previous is None or not after
+        if weigh_all:
+            for gen in same:
                 if gen.context == context and gen.delivered:
-                    return gen.turn_id, rule
-            for gen in gens:
+                    return gen.turn_id, _BY_FP
+            for gen in same:
                 if gen.context == context:
-                    return gen.turn_id, rule
-        for gens, rule in ((after, _BY_AFTER), (same, _BY_FP)):
+                    return gen.turn_id, _BY_FP
+        # nothing answered the same; a decision that weighed every turn saying the same is one a
+        # new such turn can change (:data:`_BY_FP`)
+        for gens in (after, same):
             for gen in gens:
                 if gen.delivered:
-                    return gen.turn_id, rule
+                    return gen.turn_id, _BY_FP if weigh_all else _BY_AFTER
             if gens:
-                return gens[0].turn_id, rule
+                return gens[0].turn_id, _BY_FP if weigh_all else _BY_AFTER
         return None, _BY_NONE
 
     def undelivered(self, turn_id: str) -> None:
@@ -676,8 +684,8 @@ class Splicer:
         of a message's references, the turns following its predecessor that say the same, and,
         when those gave nothing or the message has no predecessor, every turn saying the same.
         A new turn changes nothing for a message whose references it does not carry, whose
-        (predecessor, fingerprint) it does not have, and, for one the first two rules did not
-        decide or that has no predecessor, whose fingerprint it does not have
+        (predecessor, fingerprint) it does not have, and, for one decided by weighing every turn
+        saying the same (:data:`_BY_FP`), whose fingerprint it does not have
         (:class:`_Matching` finds the first message each new turn could change). A turn marked
         undelivered since drops every kept match (:meth:`undelivered`).
         """
