@@ -252,6 +252,13 @@ def _text_digest(msg: Message | None) -> bytes:
     return d
 
 
+def _answering(gens: list[GeneratedTurn], context: str) -> GeneratedTurn | None:
+    """The first of ``gens`` that answered ``context`` and reached the harness, else the first
+    that answered it (None if none did)."""
+    answered = [g for g in gens if g.context == context]
+    return next((g for g in answered if g.delivered), answered[0] if answered else None)
+
+
 def context_key(first: Message | None, before: Message | None) -> str:
     """What a turn answered: the role and stripped text of the conversation's first message
     (usually the system prompt) and of the message right before the turn.
@@ -578,28 +585,18 @@ class Splicer:
         # answered the same, and the harness got it (not only an attempt it left); else answered
         # the same. With no predecessor (the first turn, or one after an edited turn), a turn
         # that answered the same counts more than following no turn.
-        for gen in after:
-            if gen.context == context and gen.delivered:
-                return gen.turn_id, _BY_AFTER
-        for gen in after:
-            if gen.context == context:
-                return gen.turn_id, _BY_AFTER
+        gen = _answering(after, context)
+        if gen is not None:
+            return gen.turn_id, _BY_AFTER
         weigh_all = previous is None or not after
-        if weigh_all:
-            for gen in same:
-                if gen.context == context and gen.delivered:
-                    return gen.turn_id, _BY_FP
-            for gen in same:
-                if gen.context == context:
-                    return gen.turn_id, _BY_FP
+        if weigh_all and (gen := _answering(same, context)) is not None:
+            return gen.turn_id, _BY_FP
         # nothing answered the same; a decision that weighed every turn saying the same is one a
         # new such turn can change (:data:`_BY_FP`)
+        rule = _BY_FP if weigh_all else _BY_AFTER
         for gens in (after, same):
-            for gen in gens:
-                if gen.delivered:
-                    return gen.turn_id, _BY_FP if weigh_all else _BY_AFTER
             if gens:
-                return gens[0].turn_id, _BY_FP if weigh_all else _BY_AFTER
+                return next((g for g in gens if g.delivered), gens[0]).turn_id, rule
         return None, _BY_NONE
 
     def undelivered(self, turn_id: str) -> None:
