@@ -8,6 +8,7 @@ memory dumps or logs after creation. Keys look like ``ofk-<43 url-safe chars>``
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import itertools
@@ -274,8 +275,8 @@ class SessionRegistry:
 
     def release(self, session: Session, reserved: int) -> None:
         """Frees what a call that ended without being served reserved (nothing if the session is gone)."""
-        entry = self._by_rollout.get(session.rollout_id)
-        if entry is not None and entry.session.serial == session.serial:
+        with contextlib.suppress(NotFound):
+            entry = self._entry_of(session)
             entry.session = replace(entry.session, reserved_tokens=max(0, entry.session.reserved_tokens - reserved))
 
     def _entry_of(self, session: Session) -> _Entry:
