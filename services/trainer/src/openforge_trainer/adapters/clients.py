@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable
+from typing import Final
 
 import grpc
 import structlog
@@ -21,39 +22,79 @@ from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_core.rpc.client import open_channel
 from openforge_trainer.domain.ports import RolloutRequest
-from openforge_trainer.domain.samples import CompletedGroup, TrainSample
+from openforge_trainer.domain.samples import CompletedGroup, ExcludedRollout, ExclusionReason, TrainSample
 
 log = structlog.get_logger(__name__)
 
 _RETRYABLE_STREAM = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.DEADLINE_EXCEEDED}
 
+#: Start of the ``failure_reason`` of a rollout the orchestrator flagged for bypassing the proxy.
+BYPASS_PREFIX: Final = "bypass:"
+
+_REASON_OF_STATUS: Final[dict[int, ExclusionReason]] = {
+    common_pb2.ROLLOUT_STATUS_FAILED: "failed",
+    common_pb2.ROLLOUT_STATUS_CANCELLED: "cancelled",
+    common_pb2.ROLLOUT_STATUS_TIMED_OUT: "timed_out",
+}
+
 
 def group_from_proto(msg: trajectory_pb2.WatchCompletedGroupsResponse) -> CompletedGroup:
     """``WatchCompletedGroupsResponse`` → :class:`CompletedGroup`.
 
-    Each sample takes its rollout's group id and task; rollouts without a reward (failed before
-    the verifier) contribute no reward.
+    A rollout is trainable iff its ``Rollout.reward`` is set (the verifier scored it; a rollout
+    that timed out and was still scored is trainable). The samples of the other rollouts are
+    left out, never trained as reward 0 (the store leaves their ``Sample.reward`` at its default),
+    and each such rollout is listed in ``excluded`` with :func:`exclusion_reason`. A sample whose
+    rollout is not in ``msg.rollouts`` has no reward either (reason ``no_reward``). Each kept
+    sample takes its rollout's group id, task and reward.
     """
     rollouts: dict[str, common_pb2.Rollout] = {r.rollout_id: r for r in msg.rollouts}
     rewards = {r.rollout_id: r.reward for r in msg.rollouts if r.HasField("reward")}
-    samples = tuple(
-        TrainSample(
-            sample_id=s.sample_id,
-            rollout_id=s.rollout_id,
-            group_id=msg.group_id,
-            task_id=rollouts[s.rollout_id].task_id if s.rollout_id in rollouts else msg.task_id,
-            prompt_ids=tuple(s.prompt_token_ids),
-            response_ids=tuple(s.response_token_ids),
-            loss_mask=tuple(s.loss_mask),
-            behaviour_logprobs=tuple(s.rollout_logprobs),
-            policy_versions=tuple(s.policy_versions),
-            reward=rewards.get(s.rollout_id, s.reward),
+    samples: list[TrainSample] = []
+    left_out: dict[str, int] = {r.rollout_id: 0 for r in msg.rollouts if r.rollout_id not in rewards}
+    for s in msg.samples:
+        if s.rollout_id not in rewards:
+            left_out[s.rollout_id] = left_out.get(s.rollout_id, 0) + 1
+            continue
+        samples.append(
+            TrainSample(
+                sample_id=s.sample_id,
+                rollout_id=s.rollout_id,
+                group_id=msg.group_id,
+                task_id=rollouts[s.rollout_id].task_id,
+                prompt_ids=tuple(s.prompt_token_ids),
+                response_ids=tuple(s.response_token_ids),
+                loss_mask=tuple(s.loss_mask),
+                behaviour_logprobs=tuple(s.rollout_logprobs),
+                policy_versions=tuple(s.policy_versions),
+                reward=rewards[s.rollout_id],
+            )
         )
-        for s in msg.samples
+    excluded = tuple(
+        ExcludedRollout(rid, exclusion_reason(rollouts[rid]) if rid in rollouts else "no_reward", n)
+        for rid, n in left_out.items()
     )
     return CompletedGroup(
-        group_id=msg.group_id, task_id=msg.task_id, rewards=rewards, samples=samples, cursor=msg.cursor
+        group_id=msg.group_id,
+        task_id=msg.task_id,
+        rewards=rewards,
+        samples=tuple(samples),
+        cursor=msg.cursor,
+        excluded=excluded,
     )
+
+
+def exclusion_reason(rollout: common_pb2.Rollout) -> ExclusionReason:
+    """Why a rollout without a reward is not trained on, from its status and failure reason.
+
+    ``bypass`` when ``failure_reason`` starts with ``"bypass:"`` (the orchestrator's flag for a
+    harness that reached the model around the proxy or made no proxy call; such a rollout is
+    FAILED or TIMED_OUT), else ``failed``, ``cancelled`` or ``timed_out`` by ``status``, else
+    ``no_reward``.
+    """
+    if rollout.failure_reason.startswith(BYPASS_PREFIX):
+        return "bypass"
+    return _REASON_OF_STATUS.get(rollout.status, "no_reward")
 
 
 class OrchestratorClient:

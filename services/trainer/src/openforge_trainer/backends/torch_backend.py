@@ -3,10 +3,13 @@
 Every formula comes from ``verl==0.9.1`` (called, not rewritten):
 
 * advantages: ``core_algos.compute_grpo_outcome_advantage`` (GRPO, Shao et al. 2024,
-  arXiv:2402.03300), ``compute_rloo_outcome_advantage`` (RLOO, Ahmadian et al. 2024,
-  arXiv:2402.14740), ``compute_reinforce_plus_plus_outcome_advantage`` (REINFORCE++, Hu 2025,
-  arXiv:2501.03262), called the way ``ray_trainer.compute_advantage`` calls them, with the
-  outcome reward placed on each sample's last sampled token;
+  arXiv:2402.03300) and ``compute_rloo_outcome_advantage`` (RLOO, Ahmadian et al. 2024,
+  arXiv:2402.14740) on one row per rollout (each rollout counts once in its group's statistics
+  however many samples it was split into; every sample carries its rollout's advantage:
+  :func:`~openforge_trainer.backends.verl_batch.rollout_advantages`);
+  ``compute_reinforce_plus_plus_outcome_advantage`` (REINFORCE++, Hu 2025, arXiv:2501.03262) on
+  the samples' tokens with the outcome reward on each sample's last sampled token; each called
+  the way ``ray_trainer.compute_advantage`` calls it;
 * truncated importance sampling against the recorded behaviour logprobs:
   ``rollout_corr_helper.compute_rollout_correction_weights`` at token level,
   ``w = min(π_old / π_behaviour, is_cap)``, detached (TIS, Yao et al. 2025, "Your efficient RL
@@ -42,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
-from openforge_trainer.backends import hf_common
+from openforge_trainer.backends import hf_common, verl_batch
 from openforge_trainer.backends.base import OPTIMIZER_FILE
 from openforge_trainer.domain.config import RunConfig
 from openforge_trainer.domain.samples import TrainBatch, TrainSample
@@ -55,8 +58,6 @@ log = structlog.get_logger(__name__)
 #: veRL's names of the advantage estimators and policy losses.
 ADV_ESTIMATORS: Final = {"grpo": "grpo", "rloo": "rloo", "reinforce++": "reinforce_plus_plus"}
 POLICY_LOSSES: Final = {"ppo-clip": "vanilla", "gspo": "gspo"}
-
-#: Files of a model directory that a checkpoint rewrites itself instead of copying.
 
 
 @dataclass(frozen=True)
@@ -234,35 +235,47 @@ def outcome_rewards(samples: Sequence[TrainSample], width: int) -> tuple[torch.T
 
 
 def compute_advantages(verl: Verl, config: RunConfig, samples: Sequence[TrainSample]) -> torch.Tensor:
-    """Advantages (N, R_max) with veRL's estimator, grouped by ``group_id``.
+    """Advantages (N, R_max) with veRL's estimator.
+
+    grpo and rloo are group statistics: the estimator runs on one row per rollout
+    (:func:`~openforge_trainer.backends.verl_batch.rollout_advantages`, grouped by ``group_id``),
+    so a rollout split into several samples counts once in its group's mean and std, and each of
+    its samples gets that one scalar on its loss-mask tokens. reinforce++ is not a group
+    statistic (discounted returns whitened over every sampled token of the batch): it runs per
+    token on the samples, with each sample's reward on its last sampled token
+    (:func:`outcome_rewards`), so there each sample's tokens count in the batch statistics.
 
     Args:
         verl: veRL modules.
         config: Algorithm, ``norm_adv_by_std`` and ``gamma``.
-        samples: The batch's samples.
+        samples: The batch's samples (N).
 
     Returns:
-        Advantages, 0 outside the loss mask.
+        Advantages (N, R_max, float32), 0 outside the loss mask.
     """
     import numpy as np
+    import torch
 
     width = max(1, max(len(s.response_ids) for s in samples))
     token_rewards, mask = outcome_rewards(samples, width)
-    index = np.array([s.group_id for s in samples], dtype=object)
     name = ADV_ESTIMATORS[config.algorithm]
+    if name in verl_batch.GROUP_ESTIMATORS:
+        per_sample = verl_batch.rollout_advantages(
+            verl.core_algos,
+            [s.rollout_id for s in samples],
+            [s.group_id for s in samples],
+            [s.reward for s in samples],
+            estimator=name,
+            gamma=config.gamma,
+            norm_adv_by_std=config.norm_adv_by_std,
+        )
+        return torch.tensor(per_sample, dtype=torch.float32).unsqueeze(-1) * mask
     algo = verl.trainer_config.AlgoConfig(
         adv_estimator=name, gamma=config.gamma, norm_adv_by_std_in_grpo=config.norm_adv_by_std
     )
-    if name == "grpo":
-        advantages, _ = verl.core_algos.compute_grpo_outcome_advantage(
-            token_level_rewards=token_rewards,
-            response_mask=mask,
-            index=index,
-            norm_adv_by_std_in_grpo=config.norm_adv_by_std,
-        )
-    else:
-        fn = verl.core_algos.get_adv_estimator_fn(name)
-        advantages, _ = fn(token_level_rewards=token_rewards, response_mask=mask, index=index, config=algo)
+    index = np.array([s.group_id for s in samples], dtype=object)
+    fn = verl.core_algos.get_adv_estimator_fn(name)
+    advantages, _ = fn(token_level_rewards=token_rewards, response_mask=mask, index=index, config=algo)
     result: torch.Tensor = advantages
     return result
 

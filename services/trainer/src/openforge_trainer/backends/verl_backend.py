@@ -6,7 +6,9 @@ Each RL step does what veRL's ``ray_trainer`` does between rollout and weight sy
    (:func:`~openforge_trainer.backends.verl_batch.samples_to_dataproto`: left-padded prompts,
    right-padded responses, ``response_mask`` = our loss mask, ``rollout_log_probs`` = our
    behaviour logprobs, ``uid`` = group id);
-2. advantages with veRL's outcome estimator on ``token_level_rewards`` grouped by ``uid``;
+2. advantages with veRL's outcome estimator: grpo/rloo on one row per rollout grouped by
+   ``uid`` (each rollout once in its group's statistics, its advantage on all its samples),
+   reinforce++ on ``token_level_rewards`` (:func:`~openforge_trainer.backends.verl_batch.compute_advantages`);
 3. ``old_log_probs`` from the actor worker's ``infer_batch`` (``compute_log_prob``), and
    ``ref_log_prob`` from a forward-only reference worker when the KL loss is on;
    ``rollout_is_weights`` from veRL's ``compute_rollout_correction_weights`` (token TIS,

@@ -20,7 +20,8 @@ key (N rows)                what it holds
 ``token_level_rewards``     same as the scores (no in-reward KL penalty)
 ``policy_versions``         (N, R) our per-token policy versions (veRL ignores this key; kept
                             so the conversion is lossless)
-``uid`` (non-tensor)        group id: the GRPO/RLOO index
+``uid`` (non-tensor)        group id: the GRPO/RLOO index (statistics per rollout, see
+                            :func:`rollout_advantages`)
 ``reward`` (non-tensor)     the rollout reward as a float64 (as in the store's Parquet export)
 ``sample_id``, ``rollout_id``, ``task_id`` (non-tensor): our ids, for the round trip
 ``meta_info``               ``temperature``, ``policy_version``, ``pad_token_id``
@@ -43,6 +44,9 @@ from openforge_trainer.domain.samples import TrainSample
 
 #: Non-tensor columns that carry our ids.
 ID_COLUMNS: Final = ("sample_id", "rollout_id", "task_id")
+
+#: veRL outcome estimators whose advantage is a statistic of each group's rollout rewards.
+GROUP_ESTIMATORS: Final = ("grpo", "rloo")
 
 
 def load_verl_losses() -> Any:
@@ -169,24 +173,106 @@ def dataproto_to_samples(data: Any) -> list[TrainSample]:
     return out
 
 
+def rollout_advantages(
+    core_algos: Any,
+    rollout_ids: Sequence[str],
+    group_ids: Sequence[str],
+    rewards: Sequence[float],
+    *,
+    estimator: str,
+    gamma: float,
+    norm_adv_by_std: bool,
+) -> list[float]:
+    """The advantage of each row's rollout from veRL's group estimator, one row per rollout.
+
+    A rollout split into several samples (compaction, sub-agent, template drift) must count once
+    in its group's mean and std (ARCHITECTURE.md, invariants), so veRL's estimator is called the
+    way ``ray_trainer.compute_advantage`` calls it, but on one row per rollout:
+    ``token_level_rewards`` (M, 1) holding the rollout's reward (float32, as veRL's own),
+    ``response_mask`` (M, 1) of ones, ``index`` = group id (M rollouts, first-seen order).
+    ``compute_grpo_outcome_advantage`` (GRPO, Shao et al. 2024, arXiv:2402.03300) or
+    ``compute_rloo_outcome_advantage`` (RLOO, Ahmadian et al. 2024, arXiv:2402.14740) then
+    gives one scalar per rollout.
+
+    Args:
+        core_algos: ``verl.trainer.ppo.core_algos``.
+        rollout_ids: Rollout of each row (N samples).
+        group_ids: Group of each row (N).
+        rewards: Rollout reward of each row (N).
+        estimator: veRL's name, ``grpo`` or ``rloo``.
+        gamma: ``AlgoConfig.gamma`` (unused by these estimators; carried as veRL's config).
+        norm_adv_by_std: GRPO divides by the group's reward std (False: Dr. GRPO).
+
+    Returns:
+        The advantage of each row's rollout (N floats, row order; reward units, or reward-std
+        units with GRPO's normalisation).
+
+    Raises:
+        ValueError: ``estimator`` is not a group estimator, or two rows of one rollout name
+            another group or reward.
+    """
+    import numpy as np
+    import torch
+
+    if estimator not in GROUP_ESTIMATORS:
+        raise ValueError(f"{estimator} is not a group estimator {GROUP_ESTIMATORS}")
+    first: dict[str, tuple[str, float]] = {}
+    for rid, gid, reward in zip(rollout_ids, group_ids, rewards, strict=True):
+        seen = first.setdefault(rid, (gid, reward))
+        if seen != (gid, reward):
+            raise ValueError(f"rollout {rid}: samples disagree on (group, reward): {seen} and {(gid, reward)}")
+    kwargs = {
+        "token_level_rewards": torch.tensor([[r] for _, r in first.values()], dtype=torch.float32),
+        "response_mask": torch.ones((len(first), 1), dtype=torch.float32),
+        "index": np.array([g for g, _ in first.values()], dtype=object),
+    }
+    if estimator == "grpo":
+        adv, _ = core_algos.compute_grpo_outcome_advantage(**kwargs, norm_adv_by_std_in_grpo=norm_adv_by_std)
+    else:
+        trainer_config = importlib.import_module("verl.trainer.config")
+        algo = trainer_config.AlgoConfig(adv_estimator=estimator, gamma=gamma, norm_adv_by_std_in_grpo=norm_adv_by_std)
+        adv, _ = core_algos.get_adv_estimator_fn(estimator)(**kwargs, config=algo)
+    of_rollout = {rid: float(a) for rid, a in zip(first, adv[:, 0].tolist(), strict=True)}
+    return [of_rollout[rid] for rid in rollout_ids]
+
+
 def compute_advantages(core_algos: Any, data: Any, *, estimator: str, gamma: float, norm_adv_by_std: bool) -> None:
-    """Adds ``advantages`` and ``returns`` to ``data`` the way ``ray_trainer.compute_advantage``
-    does for the outcome estimators (grpo, rloo, reinforce_plus_plus), grouped by ``uid``.
+    """Adds ``advantages`` and ``returns`` (N, R) to ``data`` as ``ray_trainer.compute_advantage``
+    does for the outcome estimators (grpo, rloo, reinforce_plus_plus).
+
+    grpo and rloo: one scalar per rollout from :func:`rollout_advantages` (grouped by ``uid``,
+    each ``rollout_id`` once), on every ``response_mask`` token of each of the rollout's rows, 0
+    elsewhere; returns = advantages, as veRL's outcome estimators return them.
+    reinforce_plus_plus: veRL's estimator on the rows' ``token_level_rewards`` as they are (its
+    discounted returns are whitened over all tokens of the batch, no group statistic).
 
     (``ray_trainer`` itself imports veRL's data loaders, absent on CPU; its outcome-estimator
     branch is these calls.)
     """
-    trainer_config = importlib.import_module("verl.trainer.config")
+    import torch
+
     batch = data.batch
-    kwargs = {
-        "token_level_rewards": batch["token_level_rewards"],
-        "response_mask": batch["response_mask"].float(),
-        "index": data.non_tensor_batch["uid"],
-    }
-    if estimator == "grpo":
-        adv, ret = core_algos.compute_grpo_outcome_advantage(**kwargs, norm_adv_by_std_in_grpo=norm_adv_by_std)
+    mask = batch["response_mask"].float()
+    if estimator in GROUP_ESTIMATORS:
+        per_row = rollout_advantages(
+            core_algos,
+            data.non_tensor_batch["rollout_id"].tolist(),
+            data.non_tensor_batch["uid"].tolist(),
+            data.non_tensor_batch["reward"].tolist(),
+            estimator=estimator,
+            gamma=gamma,
+            norm_adv_by_std=norm_adv_by_std,
+        )
+        adv = torch.tensor(per_row, dtype=torch.float32).unsqueeze(-1) * mask
+        ret = adv
     else:
+        trainer_config = importlib.import_module("verl.trainer.config")
         algo = trainer_config.AlgoConfig(adv_estimator=estimator, gamma=gamma, norm_adv_by_std_in_grpo=norm_adv_by_std)
-        adv, ret = core_algos.get_adv_estimator_fn(estimator)(**kwargs, config=algo)
+        adv, ret = core_algos.get_adv_estimator_fn(estimator)(
+            token_level_rewards=batch["token_level_rewards"],
+            response_mask=mask,
+            index=data.non_tensor_batch["uid"],
+            config=algo,
+        )
     batch["advantages"] = adv
     batch["returns"] = ret

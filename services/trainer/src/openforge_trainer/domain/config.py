@@ -104,6 +104,14 @@ class RunConfig(_Section):
             proxy session (0 = no limit).
         gamma: Discount of REINFORCE++ returns.
         norm_adv_by_std: GRPO divides by the group's reward std (False: Dr. GRPO).
+        drop_zero_variance_groups: Dynamic sampling (DAPO, Yu et al. 2025, arXiv:2503.14476,
+            §3.2; veRL ``algorithm.filter_groups``): in RL, a group whose trained rollouts all
+            earned the same reward (GRPO/RLOO advantage 0 everywhere) is not trained on and
+            another group is requested in its place (``groups/zero_variance_dropped``).
+        max_zero_variance_refills: Most zero-variance groups replaced per step when
+            ``drop_zero_variance_groups`` is on (veRL's ``max_num_gen_batches`` counted in
+            groups); the next one ends the step's collection: it trains on the groups it has,
+            or on the zero-variance groups when it has none.
         steps: Optimizer steps of the run.
         eval_interval: Evaluate every this many steps (0 = never).
         pass_threshold: A rollout passes when its reward is >= this (pass@k, pass^k).
@@ -150,6 +158,8 @@ class RunConfig(_Section):
     max_total_tokens: int = Field(default=0, ge=0)
     gamma: float = Field(default=1.0, gt=0, le=1)
     norm_adv_by_std: bool = True
+    drop_zero_variance_groups: bool = False
+    max_zero_variance_refills: int = Field(default=8, ge=0)
     steps: int = Field(default=1, ge=1)
     eval_interval: int = Field(default=0, ge=0)
     pass_threshold: float = 1.0

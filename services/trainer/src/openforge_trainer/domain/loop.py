@@ -2,8 +2,15 @@
 
 Per step: request rollout groups from the orchestrator (ahead of time, up to ``max_staleness``
 steps) → take completed groups from the store in completion order → drop samples older than the
-staleness bound (counted; more groups are requested to replace them) → train (RL or SFT) on the
-backend → checkpoint (weights, optimizer, trainer state) → ``UpdateWeights`` on inference → metrics.
+staleness bound (counted; more groups are requested to replace them) → optionally drop groups
+whose rollouts all earned the same reward (DAPO dynamic sampling, bounded; replaced the same way)
+→ train (RL or SFT) on the backend → checkpoint (weights, optimizer, trainer state) →
+``UpdateWeights`` on inference → metrics.
+
+Only rollouts with a verifier reward reach the backend: a group's rollouts without one
+(:attr:`~openforge_trainer.domain.samples.CompletedGroup.excluded`) are counted per step by reason
+(``rollouts/excluded/<reason>``) over every group the step consumed, so over a run each is
+counted once.
 
 Rollouts in flight are never aborted: a weight update only changes the version that samples
 their next tokens, and their samples are judged by the staleness bound when they arrive.
@@ -40,11 +47,14 @@ from openforge_trainer.domain.ports import (
     WeightSync,
 )
 from openforge_trainer.domain.samples import (
+    EXCLUSION_REASONS,
     CompletedGroup,
+    ExcludedRollout,
     TrainBatch,
     TrainSample,
     filter_stale,
     group_metrics,
+    is_zero_variance,
     select_for_sft,
 )
 from openforge_trainer.domain.state import TrainerState
@@ -64,6 +74,55 @@ BackendFactory = Callable[[RunConfig], "TrainerBackend"]
 
 class StopRequested(Exception):
     """The run was asked to stop while waiting; the step in progress is abandoned uncommitted."""
+
+
+@dataclass
+class _Collected:
+    """What one step took from the store.
+
+    Attributes:
+        cursor: Store cursor of the last group consumed.
+        pending: Group ids requested and still not consumed.
+        groups: Groups trained on.
+        kept: Their samples within the staleness bound (the batch), grouped by group.
+        staleness: Staleness of each kept sample (policy versions).
+        dropped: Samples dropped as stale.
+        excluded: Rollouts without a reward of every group consumed.
+        candidates: Groups consumed with at least one usable sample holding a sampled token.
+        zero_variance: Of the candidates, groups whose rollouts all have the same reward (RL).
+        zero_variance_dropped: Zero-variance groups consumed and not trained on.
+    """
+
+    cursor: str
+    pending: set[str]
+    groups: list[CompletedGroup] = field(default_factory=list)
+    kept: list[TrainSample] = field(default_factory=list)
+    staleness: list[int] = field(default_factory=list)
+    dropped: list[TrainSample] = field(default_factory=list)
+    excluded: list[ExcludedRollout] = field(default_factory=list)
+    candidates: int = 0
+    zero_variance: int = 0
+    zero_variance_dropped: int = 0
+
+    def take(self, group: CompletedGroup, usable: list[TrainSample], ages: list[int]) -> None:
+        """Trains on ``group``: its usable samples and their staleness."""
+        self.groups.append(group)
+        self.kept.extend(usable)
+        self.staleness.extend(ages)
+
+    def metrics(self, rl: bool) -> dict[str, float]:
+        """``rollouts/trained``, ``rollouts/excluded(/<reason>)`` and, in RL,
+        ``groups/zero_variance_fraction`` and ``groups/zero_variance_dropped``."""
+        out = {
+            "rollouts/trained": float(len({s.rollout_id for s in self.kept})),
+            "rollouts/excluded": float(len(self.excluded)),
+        }
+        for reason in EXCLUSION_REASONS:
+            out[f"rollouts/excluded/{reason}"] = float(sum(1 for x in self.excluded if x.reason == reason))
+        if rl:
+            out["groups/zero_variance_fraction"] = self.zero_variance / self.candidates if self.candidates else 0.0
+            out["groups/zero_variance_dropped"] = float(self.zero_variance_dropped)
+        return out
 
 
 @dataclass
@@ -203,7 +262,8 @@ class TrainingLoop:
         assert self._backend is not None
         t0 = time.perf_counter()
         await self._submit_ahead()
-        groups, kept, dropped, staleness, cursor, pending = await self._collect(feed)
+        got = await self._collect(feed)
+        groups, kept, dropped, staleness = got.groups, got.kept, got.dropped, got.staleness
         t1 = time.perf_counter()
         batch = TrainBatch(tuple(kept), st.policy_version)
         train = self._backend.train_sft if cfg.mode == "sft" else self._backend.train_rl
@@ -212,10 +272,10 @@ class TrainingLoop:
         new_state = TrainerState(
             step=st.step + 1,
             policy_version=st.policy_version + 1,
-            cursor=cursor,
+            cursor=got.cursor,
             submitted_steps=st.submitted_steps,
             refills=st.refills,
-            pending_groups=sorted(pending),
+            pending_groups=sorted(got.pending),
             samples_dropped_total=st.samples_dropped_total + len(dropped),
             tokens_total=st.tokens_total + batch.num_tokens,
             eval_cursor=st.eval_cursor,
@@ -227,6 +287,7 @@ class TrainingLoop:
         await self._sync_weights(ckpt)
         t4 = time.perf_counter()
         metrics.update(group_metrics(groups, pass_threshold=cfg.pass_threshold, pass_k=cfg.pass_k))
+        metrics.update(got.metrics(rl=cfg.mode == "rl"))
         metrics.update(
             {
                 "policy_version": float(new_state.policy_version),
@@ -257,6 +318,7 @@ class TrainingLoop:
             version=new_state.policy_version,
             reward_mean=metrics.get("reward/mean"),
             dropped=len(dropped),
+            excluded=len(got.excluded),
         )
 
     async def _emit(self, step: int, metrics: dict[str, float]) -> None:
@@ -316,32 +378,34 @@ class TrainingLoop:
         st.pending_groups = sorted(set(st.pending_groups) | set(ids))
         log.info("run.groups_refilled", run_id=self.run_id, groups=missing, refill=st.refills)
 
-    async def _collect(
-        self, feed: _Feed
-    ) -> tuple[list[CompletedGroup], list[TrainSample], list[TrainSample], list[int], str, set[str]]:
+    async def _collect(self, feed: _Feed) -> _Collected:
         """Completed groups until ``groups_per_step`` have trainable samples.
 
-        Returns:
-            (groups used, kept samples, dropped samples, staleness of kept samples, cursor of the
-            last group consumed, group ids still pending).
+        A group is trainable when one of its samples within the staleness bound holds a sampled
+        token. In RL, a trainable group whose rollouts all earned the same reward
+        (:func:`~openforge_trainer.domain.samples.is_zero_variance`) is counted; with
+        ``drop_zero_variance_groups`` it is set aside instead of trained on, and the refill asks
+        for another group in its place. After ``max_zero_variance_refills`` groups were set
+        aside in this step, the next zero-variance group ends the collection: the step trains on
+        the groups it has, or, when it has none, on the latest ``groups_per_step`` zero-variance
+        groups (all their GRPO/RLOO advantages are 0), so a step never waits for more than
+        ``groups_per_step + max_zero_variance_refills`` trainable groups.
         """
         cfg, st = self.config, self.state
-        pending = set(st.pending_groups)
-        cursor = st.cursor
-        groups: list[CompletedGroup] = []
-        kept: list[TrainSample] = []
-        dropped: list[TrainSample] = []
-        staleness: list[int] = []
-        while len(groups) < cfg.groups_per_step:
-            missing = cfg.groups_per_step - len(groups)
+        got = _Collected(cursor=st.cursor, pending=set(st.pending_groups))
+        pending = got.pending
+        set_aside: list[tuple[CompletedGroup, list[TrainSample], list[int]]] = []
+        while len(got.groups) < cfg.groups_per_step:
+            missing = cfg.groups_per_step - len(got.groups)
             if not self._sft_offline and len(pending) < missing:
                 st.pending_groups = sorted(pending)
                 await self._refill(missing - len(pending))
-                pending = set(st.pending_groups)
+                pending |= set(st.pending_groups)
             group = await feed.next()
-            cursor = group.cursor
+            got.cursor = group.cursor
             pending.discard(group.group_id)
             self._check_not_all_empty(group)
+            got.excluded.extend(group.excluded)
             candidates: list[TrainSample] = list(group.samples)
             if cfg.mode == "sft":
                 candidates = select_for_sft(candidates, cfg.sft.min_reward)
@@ -350,15 +414,27 @@ class TrainingLoop:
             else:
                 report = filter_stale(candidates, st.policy_version, cfg.max_staleness)
                 usable, old, ages = report.kept, report.dropped, report.staleness
-            dropped.extend(old)
+            got.dropped.extend(old)
             if old:
                 log.info("run.samples_dropped", run_id=self.run_id, group_id=group.group_id, samples=len(old))
-            if any(s.sampled_tokens for s in usable):
-                groups.append(group)
-                kept.extend(usable)
-                staleness.extend(ages)
+            if not any(s.sampled_tokens for s in usable):
+                continue
+            got.candidates += 1
+            if cfg.mode == "rl" and is_zero_variance(usable):
+                got.zero_variance += 1
+                if cfg.drop_zero_variance_groups:
+                    set_aside.append((group, usable, ages))
+                    if len(set_aside) > cfg.max_zero_variance_refills:
+                        break
+                    log.info("run.zero_variance_group_dropped", run_id=self.run_id, group_id=group.group_id)
+                    continue
+            got.take(group, usable, ages)
+        fallback = [] if got.groups else set_aside[-cfg.groups_per_step :]
+        for taken in fallback:
+            got.take(*taken)
+        got.zero_variance_dropped = len(set_aside) - len(fallback)
         st.pending_groups = sorted(pending)
-        return groups, kept, dropped, staleness, cursor, pending
+        return got
 
     def _check_not_all_empty(self, group: CompletedGroup) -> None:
         """Counts groups that ended without any sample; fails the run after too many in a row.
@@ -368,7 +444,7 @@ class TrainingLoop:
                 (reason ``ROLLOUTS_PRODUCE_NO_SAMPLES``); the rollouts' failure reasons are in
                 the orchestrator's GetRollout / the store.
         """
-        if group.samples:
+        if group.has_samples:
             self._empty_groups_in_a_row = 0
             return
         self._empty_groups_in_a_row += 1

@@ -1,5 +1,11 @@
 """Training samples and completed groups as the trainer sees them, and what it does with them
-before any tensor exists: staleness filtering, SFT selection and per-step data metrics.
+before any tensor exists: staleness filtering, SFT selection, zero-variance groups and per-step
+data metrics.
+
+Only rollouts with a verifier reward are trained on (ARCHITECTURE.md, invariants): a rollout
+that failed, was cancelled, timed out before its verifier ran or was flagged for bypassing the
+proxy has no reward; its samples never reach a backend (they are not reward-0 samples) and it is
+counted among a group's :attr:`CompletedGroup.excluded` rollouts with its reason.
 
 Pure Python (no torch): the loop runs these on the event loop; backends turn a
 :class:`TrainBatch` into tensors.
@@ -11,6 +17,12 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Final, Literal
+
+ExclusionReason = Literal["bypass", "failed", "cancelled", "timed_out", "no_reward"]
+
+#: Every reason a rollout is left out of training (``rollouts/excluded/<reason>`` metrics).
+EXCLUSION_REASONS: Final[tuple[ExclusionReason, ...]] = ("bypass", "failed", "cancelled", "timed_out", "no_reward")
 
 
 @dataclass(frozen=True)
@@ -30,7 +42,8 @@ class TrainSample:
         behaviour_logprobs: Logprob the engine reported for each sampled token (nats; 0 where
             the mask is 0).
         policy_versions: Policy version that sampled each token (0 where the mask is 0).
-        reward: The rollout's reward.
+        reward: The rollout's verifier reward (every sample of a rollout carries the same one;
+            a sample exists here only when its rollout has a reward).
     """
 
     sample_id: str
@@ -63,15 +76,35 @@ class TrainSample:
 
 
 @dataclass(frozen=True)
+class ExcludedRollout:
+    """A rollout of a group that is not trained on because it has no verifier reward.
+
+    Attributes:
+        rollout_id: The rollout.
+        reason: ``bypass`` (flagged for reaching the model around the proxy, or making no proxy
+            call), ``failed`` (harness, sandbox or verifier failure), ``cancelled``,
+            ``timed_out`` (the verifier did not score the partial trace), ``no_reward`` (any
+            other rollout without a reward).
+        num_samples: Samples the store assembled for it (left out of the group's samples).
+    """
+
+    rollout_id: str
+    reason: ExclusionReason
+    num_samples: int = 0
+
+
+@dataclass(frozen=True)
 class CompletedGroup:
     """A group whose rollouts all ended (``WatchCompletedGroupsResponse``).
 
     Attributes:
         group_id: The group.
         task_id: Its task.
-        rewards: Reward of each rollout that has one, by rollout id.
-        samples: Every sample of every rollout of the group.
+        rewards: Reward of each rollout that has one, by rollout id: the trainable rollouts.
+        samples: Every sample of every trainable rollout of the group (a rollout in ``rewards``).
         cursor: The store's resume cursor of this group.
+        excluded: The group's rollouts without a reward, each with its reason; their samples are
+            not in ``samples``.
     """
 
     group_id: str
@@ -79,6 +112,12 @@ class CompletedGroup:
     rewards: dict[str, float]
     samples: tuple[TrainSample, ...]
     cursor: str
+    excluded: tuple[ExcludedRollout, ...] = ()
+
+    @property
+    def has_samples(self) -> bool:
+        """Whether any rollout of the group, trainable or excluded, left a sample."""
+        return bool(self.samples) or any(x.num_samples for x in self.excluded)
 
 
 @dataclass(frozen=True)
@@ -146,6 +185,22 @@ def filter_stale(samples: Iterable[TrainSample], current_version: int, max_stale
     return report
 
 
+def is_zero_variance(samples: Iterable[TrainSample]) -> bool:
+    """Whether the rollouts of one group's ``samples`` all have the same reward.
+
+    Such a group gets a GRPO/RLOO advantage of 0 on every token (no learning signal). The rule is
+    veRL DAPO's dynamic-sampling filter (``recipe/dapo/dapo_ray_trainer.py``: a group is kept when
+    ``np.std(rewards) > 0 or len(rewards) == 1``; Yu et al. 2025, arXiv:2503.14476, §3.2): each
+    rollout counts once however many samples it has, and a group of one rollout is never
+    zero-variance (veRL's GRPO gives it advantage = reward).
+
+    Args:
+        samples: Samples of one group (those that would be trained on).
+    """
+    rewards = {s.rollout_id: s.reward for s in samples}
+    return len(rewards) > 1 and len(set(rewards.values())) == 1
+
+
 def select_for_sft(samples: Iterable[TrainSample], min_reward: float) -> list[TrainSample]:
     """Rejection sampling: the samples of rollouts whose reward is >= ``min_reward`` and that
     hold at least one sampled token."""
@@ -202,7 +257,8 @@ def group_metrics(
     """Reward, pass@k / pass^k (per task and mean over tasks) and response length of groups.
 
     Rewards are per rollout (every rollout of a group that has a reward, whether or not its
-    samples were trained on). Tasks with fewer rollouts than k get no pass@k.
+    samples were trained on); excluded rollouts (no reward) are not counted. Tasks with fewer
+    rollouts than k get no pass@k.
 
     Args:
         groups: The groups.

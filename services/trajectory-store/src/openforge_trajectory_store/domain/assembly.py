@@ -21,6 +21,13 @@ Retried attempts: of the attempts of one call, only the one the harness
 continued with enters a sample — the attempt whose prompt + completion the next
 call's prompt extends, or else the last attempt that completed.
 
+Rewards: every sample carries its rollout's verifier reward. A rollout without
+one (failed, cancelled, timed out before its verifier ran, or flagged for
+bypassing the proxy) still gets its samples, for inspection, with ``reward``
+left unset (it reads 0.0: ``Sample.reward`` has no presence); a consumer tells
+trainable samples by ``Rollout.reward`` being set, never by ``Sample.reward``
+(the trainer leaves such rollouts out and counts them).
+
 The work happens on packed varints (:mod:`.wire`): prefix tests are byte
 prefix tests, and samples are written as serialized ``Sample`` messages, so a
 100-call rollout of 30k-token prompts assembles without unpacking a token.
@@ -157,7 +164,8 @@ def assemble(rollout: common_pb2.Rollout, calls: Sequence[CallView]) -> list[byt
     """Builds a rollout's training samples.
 
     Args:
-        rollout: The rollout (its reward and status are copied onto the samples).
+        rollout: The rollout (its reward, when set, and status are copied onto the
+            samples; without a reward ``Sample.reward`` is left unset).
         calls: Every recorded attempt of its calls, in receive order.
 
     Returns:
@@ -174,7 +182,7 @@ def assemble(rollout: common_pb2.Rollout, calls: Sequence[CallView]) -> list[byt
             continue
         cause, detail = _cause(call, builders) if builders else (common_pb2.BREAK_CAUSE_NONE, "")
         builders.append(_Builder(rollout.rollout_id, len(builders), call, cause, detail))
-    reward = rollout.reward if rollout.HasField("reward") else 0.0
+    reward = rollout.reward if rollout.HasField("reward") else 0.0  # 0.0: the field is not written
     partial = rollout.status in _PARTIAL
     return [b.serialize(reward, partial) for b in builders]
 

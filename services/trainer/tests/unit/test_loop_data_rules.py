@@ -1,0 +1,294 @@
+"""The loop's training-data rules, with a recording backend (no torch) and a scripted
+orchestrator/store whose groups go through ``group_from_proto`` as the store's messages do:
+
+* rollouts without a verifier reward never reach the backend, and are counted by reason;
+* zero-variance groups are counted and, with dynamic sampling (DAPO, arXiv:2503.14476), set
+  aside and replaced by refills, at most ``max_zero_variance_refills`` per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from openforge.common.v1 import common_pb2
+from openforge.trajectory.v1 import trajectory_pb2
+from openforge_trainer.adapters.clients import group_from_proto
+from openforge_trainer.domain.config import RunConfig
+from openforge_trainer.domain.loop import LoopDeps, TrainingLoop
+from openforge_trainer.domain.ports import Checkpoint, RolloutRequest
+from openforge_trainer.domain.samples import CompletedGroup, TrainBatch
+from openforge_trainer.domain.state import TrainerState
+
+FAILED = common_pb2.ROLLOUT_STATUS_FAILED
+CANCELLED = common_pb2.ROLLOUT_STATUS_CANCELLED
+TIMED_OUT = common_pb2.ROLLOUT_STATUS_TIMED_OUT
+
+
+@dataclass(frozen=True)
+class R:
+    """One scripted rollout.
+
+    Attributes:
+        reward: Verifier reward (None = unset).
+        status: Terminal status.
+        failure_reason: Why it failed.
+        samples: Samples the store assembled for it.
+    """
+
+    reward: float | None = None
+    status: int = common_pb2.ROLLOUT_STATUS_SUCCEEDED
+    failure_reason: str = ""
+    samples: int = 1
+
+
+def ok(*rewards: float) -> list[R]:
+    """A group of succeeded rollouts with these rewards, one sample each."""
+    return [R(reward=r) for r in rewards]
+
+
+class ScriptedWorld:
+    """Orchestrator + store + inference in one: the n-th group requested (any request) is made of
+    ``script[n]`` (then ``default``) and completes at once.
+
+    Args:
+        script: Rollouts of the first groups, in request order.
+        default: Rollouts of every later group.
+    """
+
+    def __init__(self, script: list[list[R]], default: list[R]) -> None:
+        self.script = list(script)
+        self.default = default
+        self.requests: list[RolloutRequest] = []
+        self.completed: list[CompletedGroup] = []
+        self.changed = asyncio.Condition()
+        self.version = 0
+
+    async def submit(self, request: RolloutRequest) -> list[str]:
+        self.requests.append(request)
+        ids = []
+        for task in request.task_ids:
+            seq = len(self.completed) + 1
+            spec = self.script.pop(0) if self.script else self.default
+            group = group_from_proto(self.message(f"g{seq}", task, spec, seq))
+            self.completed.append(group)
+            ids.append(group.group_id)
+        async with self.changed:
+            self.changed.notify_all()
+        return ids
+
+    def message(self, gid: str, task: str, spec: list[R], seq: int) -> trajectory_pb2.WatchCompletedGroupsResponse:
+        """The store's message of one group (``Sample.reward`` left unset without a reward)."""
+        msg = trajectory_pb2.WatchCompletedGroupsResponse(group_id=gid, task_id=task, cursor=f"c{seq:04d}")
+        for i, r in enumerate(spec):
+            rid = f"{gid}-r{i}"
+            rollout = msg.rollouts.add(
+                rollout_id=rid,
+                task_id=task,
+                group_id=gid,
+                group_index=i,
+                status=r.status,
+                failure_reason=r.failure_reason,
+            )
+            if r.reward is not None:
+                rollout.reward = r.reward
+            for k in range(r.samples):
+                msg.samples.add(
+                    sample_id=f"{rid}/{k}",
+                    rollout_id=rid,
+                    index=k,
+                    prompt_token_ids=[1, 2, 3 + k],
+                    response_token_ids=[10 + k, 11, 9],
+                    loss_mask=[1, 1, 0],
+                    rollout_logprobs=[-1.0, -0.5, 0.0],
+                    policy_versions=[self.version, self.version, 0],
+                    reward=r.reward or 0.0,
+                )
+        return msg
+
+    async def watch(self, run_id: str, cursor: str) -> AsyncIterator[CompletedGroup]:
+        after = int(cursor[1:]) if cursor else 0
+        while True:
+            fresh = [g for g in self.completed if int(g.cursor[1:]) > after]
+            for g in fresh:
+                after = int(g.cursor[1:])
+                yield g
+            if not fresh:
+                async with self.changed:
+                    await self.changed.wait()
+
+    async def update_weights(self, request_id: str, uri: str, version: int, checksum: str) -> int:
+        self.version = version
+        return version
+
+    @property
+    def refilled_groups(self) -> int:
+        """Groups requested by refills (beyond the steps' own requests)."""
+        return sum(len(r.task_ids) for r in self.requests if "/refill/" in r.request_id)
+
+
+class RecordingBackend:
+    """Keeps every batch it is asked to train on; trains nothing."""
+
+    def __init__(self) -> None:
+        self.batches: list[TrainBatch] = []
+
+    def load(self, model_dir: Path, checkpoint_dir: Path | None) -> None:
+        return None
+
+    def train_rl(self, batch: TrainBatch) -> dict[str, float]:
+        self.batches.append(batch)
+        return {}
+
+    def train_sft(self, batch: TrainBatch) -> dict[str, float]:
+        self.batches.append(batch)
+        return {}
+
+    def save_checkpoint(self, directory: Path) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class MemoryCheckpoints:
+    """A checkpoint store that keeps only the states."""
+
+    def __init__(self) -> None:
+        self.states: list[TrainerState] = []
+
+    def latest(self, run_id: str) -> Checkpoint | None:
+        return None
+
+    def write(self, run_id: str, state: TrainerState, save: Callable[[Path], None]) -> Checkpoint:
+        self.states.append(state)
+        return Checkpoint(Path(f"/checkpoints/{state.step}"), "sha256:0", state)
+
+
+async def run_loop(world: ScriptedWorld, **over: Any) -> tuple[list[TrainBatch], list[dict[str, float]]]:
+    """Runs the loop to its step count; returns the batches trained and each step's metrics."""
+    base: dict[str, Any] = {"model": "m", "tasks": ["t"], "group_size": 2, "max_staleness": 4, "steps": 1}
+    cfg = RunConfig.model_validate({**base, **over})
+    backend = RecordingBackend()
+    metrics: list[dict[str, float]] = []
+    deps = LoopDeps(
+        backend_factory=lambda _cfg: backend,
+        submitter=world,
+        groups=world,
+        weights=world,
+        checkpoints=MemoryCheckpoints(),
+    )
+    loop = TrainingLoop("run", cfg, deps, on_metrics=lambda step, m, t: metrics.append(m))
+    assert await asyncio.wait_for(loop.run(asyncio.Event()), timeout=30)
+    return backend.batches, metrics
+
+
+def trained_groups(batch: TrainBatch) -> list[str]:
+    """Group ids of a batch, in order."""
+    return list(dict.fromkeys(s.group_id for s in batch.samples))
+
+
+# ---- rollouts without a reward ----
+
+
+async def test_rollouts_without_reward_never_reach_the_backend_and_are_counted_by_reason() -> None:
+    group = [
+        R(reward=1.0),
+        R(reward=0.0, samples=2),  # a verifier reward of 0 is a reward: trained
+        R(status=FAILED, failure_reason="verifier: exited 2", samples=2),
+        R(status=CANCELLED),
+        R(status=FAILED, failure_reason="bypass: no call reached the proxy", samples=0),
+        R(status=TIMED_OUT, failure_reason="harness timed out after 60s; verifier: timeout"),
+        R(status=TIMED_OUT, reward=0.5, failure_reason="harness timed out after 60s"),  # scored: trained
+    ]
+    world = ScriptedWorld([group], default=ok(1.0, 0.0))
+    [batch], [metrics] = await run_loop(world, group_size=7)
+    assert {s.sample_id: s.reward for s in batch.samples} == {
+        "g1-r0/0": 1.0,
+        "g1-r1/0": 0.0,
+        "g1-r1/1": 0.0,
+        "g1-r6/0": 0.5,
+    }
+    assert metrics["rollouts/trained"] == 3.0
+    assert metrics["rollouts/excluded"] == 4.0
+    by_reason = {
+        k.removeprefix("rollouts/excluded/"): v for k, v in metrics.items() if k.startswith("rollouts/excluded/")
+    }
+    assert by_reason == {"failed": 1.0, "cancelled": 1.0, "bypass": 1.0, "timed_out": 1.0, "no_reward": 0.0}
+    # Rewards average the three scored rollouts only (an excluded one is not a 0).
+    assert metrics["reward/mean"] == pytest.approx(0.5)
+    assert metrics["samples/trained"] == 4.0
+
+
+async def test_excluded_rollouts_are_counted_once_over_every_group_a_step_consumes() -> None:
+    """A group whose only sampled tokens belong to excluded rollouts is consumed without being
+    trained on; its excluded rollouts still count, in the step that consumed it."""
+    all_failed = [R(status=FAILED, failure_reason="infrastructure: sandbox"), R(status=CANCELLED)]
+    world = ScriptedWorld([all_failed], default=[R(reward=1.0), R(status=FAILED, failure_reason="x")])
+    batches, metrics = await run_loop(world, steps=2)
+    assert [trained_groups(b) for b in batches] == [["g2"], ["g3"]]
+    assert [m["rollouts/excluded"] for m in metrics] == [3.0, 1.0]
+    assert [m["rollouts/excluded/failed"] for m in metrics] == [2.0, 1.0]
+    assert [m["rollouts/excluded/cancelled"] for m in metrics] == [1.0, 0.0]
+    assert [m["rollouts/trained"] for m in metrics] == [1.0, 1.0]
+
+
+# ---- zero-variance groups ----
+
+
+async def test_zero_variance_fraction_counts_groups_whose_trained_rollouts_share_a_reward() -> None:
+    script = [
+        ok(1.0, 1.0),  # zero variance
+        ok(0.0, 0.0),  # zero variance
+        ok(1.0, 0.0),
+        ok(1.0),  # one rollout: never zero variance (veRL's DAPO filter keeps it)
+        [R(reward=1.0), R(reward=1.0), R(status=FAILED, failure_reason="x")],  # zero variance among trained
+    ]
+    world = ScriptedWorld(script, default=ok(1.0, 0.0))
+    [batch], [metrics] = await run_loop(world, groups_per_step=5, tasks=["a", "b", "c", "d", "e"])
+    assert trained_groups(batch) == ["g1", "g2", "g3", "g4", "g5"]
+    assert metrics["groups/zero_variance_fraction"] == pytest.approx(3 / 5)
+    assert metrics["groups/zero_variance_dropped"] == 0.0
+    assert world.refilled_groups == 0
+
+
+async def test_dropping_zero_variance_groups_requests_one_group_in_place_of_each() -> None:
+    world = ScriptedWorld([ok(1.0, 1.0), ok(1.0, 0.0), ok(0.0, 0.0), ok(0.5, 0.0)], default=ok(1.0, 0.0))
+    [batch], [metrics] = await run_loop(world, groups_per_step=2, tasks=["a", "b"], drop_zero_variance_groups=True)
+    assert trained_groups(batch) == ["g2", "g4"]
+    assert metrics["groups/zero_variance_dropped"] == 2.0
+    assert metrics["groups/zero_variance_fraction"] == pytest.approx(2 / 4)
+    assert world.refilled_groups == 2
+    assert metrics["reward/mean"] == pytest.approx(1.5 / 4)  # the trained groups' rollouts
+
+
+async def test_zero_variance_refills_are_bounded_per_step() -> None:
+    """After ``max_zero_variance_refills`` groups were set aside, the next zero-variance group
+    ends the collection and the step trains on the groups it has (fewer than groups_per_step)."""
+    script = [ok(1.0, 1.0), ok(0.0, 0.0), ok(1.0, 0.0), ok(1.0, 1.0)]
+    world = ScriptedWorld(script, default=ok(0.0, 0.0))
+    [batch], [metrics] = await run_loop(
+        world, groups_per_step=2, tasks=["a", "b"], drop_zero_variance_groups=True, max_zero_variance_refills=2
+    )
+    assert trained_groups(batch) == ["g3"]
+    assert world.refilled_groups == 2
+    assert metrics["groups/zero_variance_dropped"] == 3.0
+    assert metrics["groups/zero_variance_fraction"] == pytest.approx(3 / 4)
+    assert metrics["groups/trained"] == 1.0
+
+
+@pytest.mark.parametrize(("refills", "want"), [(1, ["g1", "g2"]), (0, ["g1"])])
+async def test_with_only_zero_variance_groups_the_step_trains_on_them(refills: int, want: list[str]) -> None:
+    world = ScriptedWorld([], default=ok(1.0, 1.0))
+    [batch], [metrics] = await run_loop(
+        world, groups_per_step=2, tasks=["a", "b"], drop_zero_variance_groups=True, max_zero_variance_refills=refills
+    )
+    assert trained_groups(batch) == want
+    assert metrics["groups/zero_variance_dropped"] == 0.0
+    assert metrics["groups/zero_variance_fraction"] == 1.0
+    assert world.refilled_groups == refills
