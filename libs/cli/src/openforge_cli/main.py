@@ -14,6 +14,7 @@ from openforge_cli.dash.command import dash
 from openforge_cli.eval import eval_command
 from openforge_cli.harness import harness
 from openforge_cli.model import model
+from openforge_cli.task_family import tasks
 from openforge_cli.train import train_command
 
 STATE_DIR_HELP = "Folder for logs, NATS data and the process list."
@@ -119,6 +120,7 @@ def status(state_dir: Path) -> None:
 
 main.add_command(harness)
 main.add_command(model)
+main.add_command(tasks)
 main.add_command(train_command)
 main.add_command(eval_command)
 main.add_command(dash)

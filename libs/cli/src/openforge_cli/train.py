@@ -70,6 +70,8 @@ from openforge_core.rpc.client import open_channel
 
 TRAINER_SERVICE = "openforge.trainer.v1.TrainerService"
 PHASES_FILE = "phases.json"
+#: Harnesses that take a ``harness_config`` (the orchestrator's ``harness.config_files``).
+HARNESS_CONFIG_FILES = ("mini-swe-agent",)
 #: Files of a trainer checkpoint that are not part of the model.
 _TRAINER_ONLY = {"optimizer.pt", "trainer_state.json"}
 
@@ -151,6 +153,8 @@ class TrainConfig(_Section):
             ``<run_id>-eval-before`` / ``-after``).
         model: The starting model.
         harness: Harness of every rollout.
+        harness_config: A settings file layered over the harness's own defaults (mini-swe-agent:
+            ``-c mini.yaml -c FILE``), e.g. a shorter system prompt; None: the defaults.
         split: Task set trained on.
         tasks: Task ids of ``split`` (empty: all of it).
         stack: The local services.
@@ -163,6 +167,7 @@ class TrainConfig(_Section):
     run_id: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     model: ModelSpec
     harness: str = "mini-swe-agent"
+    harness_config: Path | None = None
     split: str = "train"
     tasks: list[str] = Field(default_factory=list)
     stack: StackSpec = StackSpec()
@@ -325,6 +330,13 @@ def check_names(cfg: TrainConfig) -> None:
     for field, name in engines:
         if name and known_engines and name not in known_engines:
             raise click.ClickException(f"{field}: unknown engine {name!r} (one of {list(known_engines)})")
+    if cfg.harness_config is not None:
+        if cfg.harness not in HARNESS_CONFIG_FILES:
+            raise click.ClickException(
+                f"harness_config: {cfg.harness} takes no settings file (only {', '.join(HARNESS_CONFIG_FILES)})"
+            )
+        if not cfg.harness_config.is_file():
+            raise click.ClickException(f"harness_config: {cfg.harness_config} is not a file")
 
 
 def check_installed(cfg: TrainConfig) -> None:
@@ -387,6 +399,8 @@ class LocalStack:
             "OPENFORGE_RESUME_ON_START": "false",
             "OPENFORGE_STORE__DSN": f"sqlite:///{s / 'trajectories.db'}",
         }
+        if cfg.harness_config is not None:
+            env["OPENFORGE_HARNESS__CONFIG_FILES"] = json.dumps({cfg.harness: str(cfg.harness_config.resolve())})
         env.update(cfg.stack.env)
         return env
 

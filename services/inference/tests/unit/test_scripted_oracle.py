@@ -24,7 +24,13 @@ from openforge_inference.engines.base import (
     PolicyVersionTooOld,
     SamplingOptions,
 )
-from openforge_inference.engines.scripted_oracle import SUBMIT_COMMAND, OraclePlans, oracle_completion
+from openforge_inference.engines.scripted_oracle import (
+    ONE_CALL_PER_LINE,
+    SUBMIT_COMMAND,
+    OraclePlans,
+    oracle_completion,
+    oracle_steps,
+)
 from openforge_inference.model_files import checkpoint_checksum
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -107,3 +113,24 @@ def test_engine_serves_the_oracle_tokens_with_the_models_tokenizer(tiny_model_di
         _generate(engine, prompt, 4096, rid="r4", version=2)
     asyncio.run(engine.close())
     assert not asyncio.run(engine.healthy())
+
+
+def test_a_one_call_per_line_solution_is_replayed_a_command_per_turn_then_submitted() -> None:
+    demo = ROOT / "examples" / "demo" / "tasks"
+    plans = OraclePlans(demo)
+    task = demo / "train" / "note-data"
+    prompt = f"<|im_start|>user\n{(task / 'instruction.md').read_text().strip()}<|im_end|>\n"
+    answers = [oracle_completion(plans, prompt + "<tool_response>x</tool_response>" * turn) for turn in range(4)]
+    assert [_call(a)["arguments"] for a in answers[:3]] == [
+        {"command": "cat data.txt"},
+        {"command": "touch city"},
+        {"command": SUBMIT_COMMAND},
+    ]
+    assert "<tool_call>" not in answers[3]
+
+
+def test_oracle_steps_keep_whole_scripts_whole() -> None:
+    script = "#!/usr/bin/env bash\nset -e\ncd /app\necho a > b\n"
+    assert oracle_steps(script) == ("bash -c " + shlex.quote(script),)
+    marked = f"#!/usr/bin/env bash\n{ONE_CALL_PER_LINE}\nset -eu\ncd /app\n\n# note\nls\ncat x\n"
+    assert oracle_steps(marked) == ("ls", "cat x")

@@ -33,7 +33,9 @@ def launches_from_settings(settings: OrchestratorSettings) -> LaunchFactory:
     """Harness launches: from local installs, or (Kubernetes) from the harness images."""
     if settings.sandbox.backend == "kubernetes":
         return LaunchFactory(None, settings.harness.command, dict(settings.sandbox.kubernetes.harness_images))
-    return LaunchFactory(Path(settings.harness.install_dir), settings.harness.command)
+    return LaunchFactory(
+        Path(settings.harness.install_dir), settings.harness.command, config_files=settings.harness.config_files
+    )
 
 
 class OrchestratorApp:

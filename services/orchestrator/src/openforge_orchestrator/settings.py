@@ -165,11 +165,15 @@ class HarnessSettings(_Section):
             reaches it (the local backend bridges each sandbox to it).
         command: Default argv template of the ``command`` harness (placeholders in
             :mod:`openforge_orchestrator.harnesses.command`).
+        config_files: Harness name → a settings file layered over the harness's own defaults
+            (local sandboxes; mini-swe-agent only: ``-c mini.yaml -c FILE``), e.g. a shorter
+            system prompt. Other harnesses are refused at start.
     """
 
     install_dir: str = ".openforge/harnesses"
     proxy_http: str = "127.0.0.1:8080"
     command: tuple[str, ...] = ()
+    config_files: dict[str, str] = Field(default_factory=dict)
 
 
 class OrchestratorSettings(ServiceSettings):

@@ -12,7 +12,10 @@ this engine answers with the *scripted* completion of the task it recognises in 
    Hermes/Qwen templates the tiny model and the proxy use);
 3. turn 0 answers with one tool call running the whole ``solve.sh`` (``bash -c '<script>'``),
    turn 1 with the harness's submit command (``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``,
-   mini-swe-agent's), later turns with a short final text.
+   mini-swe-agent's), later turns with a short final text. A ``solve.sh`` whose second line is
+   :data:`ONE_CALL_PER_LINE` is replayed one command line per turn instead (its ``set`` and
+   ``cd`` lines excepted: the harness already runs in the working folder), then the submit
+   command: a multi-turn demonstration whose later calls follow the tool results before them.
 
 The tool call is ``{"name": "bash", "arguments": {"command": ...}}`` in Hermes ``<tool_call>``
 tags; the completion is tokenized with the served model's ``tokenizer.json`` and ends with the
@@ -53,13 +56,23 @@ from openforge_inference.engines.base import (
 )
 from openforge_inference.model_files import resolve_checkpoint_uri, validate_checkpoint
 
-__all__ = ["SUBMIT_COMMAND", "OraclePlans", "ScriptedOracleEngine", "oracle_completion"]
+__all__ = [
+    "ONE_CALL_PER_LINE",
+    "SUBMIT_COMMAND",
+    "OraclePlans",
+    "ScriptedOracleEngine",
+    "oracle_completion",
+    "oracle_steps",
+]
 
 _log = structlog.get_logger()
 
 _ENGINE_NAME: Final = "scripted-oracle"
 #: mini-swe-agent ends a run when a command prints this.
 SUBMIT_COMMAND: Final = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+#: Second line of a ``solve.sh`` replayed one command line per model call (written by
+#: ``openforge tasks words``, ``openforge_cli.task_family``).
+ONE_CALL_PER_LINE: Final = "# oracle: one model call per line"
 _TOOL_RESULT: Final = "<tool_response>"
 _UNKNOWN: Final = "I do not recognise this task."
 _DONE: Final = "Done."
@@ -68,6 +81,17 @@ _DONE: Final = "Done."
 def _tool_call(command: str, step: int) -> str:
     call = json.dumps({"name": "bash", "arguments": {"command": command}})
     return f"Step {step}.\n<tool_call>\n{call}\n</tool_call>"
+
+
+def oracle_steps(script: str) -> tuple[str, ...]:
+    """The commands of a ``solve.sh``, one per model call: the whole script as one
+    ``bash -c`` command, or each command line when its second line is :data:`ONE_CALL_PER_LINE`
+    (blank, comment, ``set`` and ``cd`` lines skipped)."""
+    lines = script.splitlines()
+    if len(lines) < 2 or lines[1].strip() != ONE_CALL_PER_LINE:
+        return ("bash -c " + shlex.quote(script),)
+    skip = ("#", "set ", "cd ")
+    return tuple(s for line in lines if (s := line.strip()) and not s.startswith(skip))
 
 
 class OraclePlans:
@@ -84,19 +108,19 @@ class OraclePlans:
     def __init__(self, tasks_root: Path) -> None:
         if not tasks_root.is_dir():
             raise EngineUnavailable(f"scripted-oracle: tasks root {tasks_root} is not a folder")
-        self.commands: dict[str, str] = {}
+        self.commands: dict[str, tuple[str, ...]] = {}
         for instruction in sorted(tasks_root.glob("*/*/instruction.md")):
             solve = instruction.parent / "solution" / "solve.sh"
             text = instruction.read_text(encoding="utf-8").strip()
             if solve.is_file() and text:
-                self.commands[text] = "bash -c " + shlex.quote(solve.read_text(encoding="utf-8"))
+                self.commands[text] = oracle_steps(solve.read_text(encoding="utf-8"))
         if not self.commands:
             raise EngineUnavailable(f"scripted-oracle: no task with solution/solve.sh under {tasks_root}")
         # Longest first, so an instruction that contains another one wins.
         self._order = sorted(self.commands, key=len, reverse=True)
 
-    def find(self, prompt_text: str) -> str | None:
-        """The oracle command of the task whose instruction appears in ``prompt_text``, or None."""
+    def find(self, prompt_text: str) -> tuple[str, ...] | None:
+        """The oracle commands of the task whose instruction appears in ``prompt_text``, or None."""
         for instruction in self._order:
             if instruction in prompt_text:
                 return self.commands[instruction]
@@ -111,13 +135,13 @@ def oracle_completion(plans: OraclePlans, prompt_text: str) -> str:
         prompt_text: The rendered prompt, decoded with special tokens kept.
 
     Returns:
-        Hermes-format text: one ``<tool_call>`` (turns 0 and 1) or plain text.
+        Hermes-format text: one ``<tool_call>`` (one per oracle step, then the submit) or plain text.
     """
-    command = plans.find(prompt_text)
-    if command is None:
+    commands = plans.find(prompt_text)
+    if commands is None:
         return _UNKNOWN
     turn = prompt_text.count(_TOOL_RESULT)
-    steps = [command, SUBMIT_COMMAND]
+    steps = [*commands, SUBMIT_COMMAND]
     if turn < len(steps):
         return _tool_call(steps[turn], turn + 1)
     return _DONE

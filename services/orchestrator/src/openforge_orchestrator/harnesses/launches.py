@@ -12,6 +12,9 @@ from openforge_orchestrator.harnesses import adapter
 from openforge_orchestrator.harnesses.base import HarnessNotInstalled, Installed, LaunchContext
 from openforge_orchestrator.harnesses.command import InvalidCommand
 
+#: Harnesses that layer a settings file (``harness.config_files``) over their defaults.
+CONFIG_FILE_HARNESSES: tuple[str, ...] = ("mini-swe-agent",)
+
 
 class LaunchFactory:
     """A :class:`~openforge_orchestrator.domain.execution.LaunchBuilder`.
@@ -21,6 +24,11 @@ class LaunchFactory:
             the sandbox image's PATH (Kubernetes).
         default_command: The ``command`` harness's template when a rollout gives none.
         images: Harness name → image (Kubernetes).
+        config_files: Harness name → settings file layered over its defaults (local installs).
+
+    Raises:
+        ValueError: A settings file for a harness that takes none
+            (:data:`CONFIG_FILE_HARNESSES`), or a file that does not exist.
     """
 
     def __init__(
@@ -28,10 +36,20 @@ class LaunchFactory:
         install_dir: Path | None,
         default_command: tuple[str, ...] = (),
         images: dict[str, str] | None = None,
+        config_files: dict[str, str] | None = None,
     ) -> None:
         self._install_dir = install_dir
         self._default_command = default_command
         self._images = images or {}
+        self._config_files: dict[str, str] = {}
+        for name, file in (config_files or {}).items():
+            if name not in CONFIG_FILE_HARNESSES:
+                known = ", ".join(CONFIG_FILE_HARNESSES)
+                raise ValueError(f"harness.config_files: {name!r} takes no settings file (only {known})")
+            path = Path(file).resolve()
+            if not path.is_file():
+                raise ValueError(f"harness.config_files: {name}: {file} is not a file")
+            self._config_files[name] = str(path)
 
     def check_installed(self, harness: str) -> None:
         """Refuses a submission whose harness is not installed here (local sandboxes only).
@@ -75,6 +93,7 @@ class LaunchFactory:
             workdir=task.environment.workdir,
             timeout_s=timeout_s,
             command=rollout.command or self._default_command,
+            config_file=self._config_files.get(rollout.harness, ""),
         )
         try:
             launch = adapter(rollout.harness).launch(ctx, installed)

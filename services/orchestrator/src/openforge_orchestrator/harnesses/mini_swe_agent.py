@@ -9,10 +9,13 @@ off: ``LITELLM_LOCAL_MODEL_COST_MAP=True`` stops litellm fetching its price list
 model without a price. ``environment.timeout`` (seconds per command, 30 by default) is raised
 to the rollout's time limit, which the sandbox enforces; the trajectory goes to
 ``/logs/agent/trajectory.json``. A run ends when a command prints
-``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``.
+``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``. A configured settings file (``config_files``) is
+layered over ``mini.yaml`` with a second ``-c`` (mini-swe-agent merges config specs in order).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from openforge_orchestrator.domain.sandbox import AGENT_LOGS, SANDBOX_HOME, HarnessLaunch
 from openforge_orchestrator.harnesses.base import Installed, LaunchContext, openai_base
@@ -25,6 +28,8 @@ class MiniSweAgentAdapter:
 
     def launch(self, ctx: LaunchContext, installed: Installed | None) -> HarnessLaunch:
         """``mini`` with litellm pointed at the proxy."""
+        layered = ("-c", ctx.config_file) if ctx.config_file else ()
+        roots = installed.roots if installed else ()
         return HarnessLaunch(
             name=self.name,
             argv=(
@@ -37,6 +42,7 @@ class MiniSweAgentAdapter:
                 f"openai/{ctx.model}",
                 "-c",
                 "mini.yaml",
+                *layered,
                 "-c",
                 f"environment.timeout={max(1, int(ctx.timeout_s))}",
                 "-o",
@@ -59,7 +65,7 @@ class MiniSweAgentAdapter:
                 "PYTHONUNBUFFERED": "1",
                 "PYTHONDONTWRITEBYTECODE": "1",
             },
-            install_dirs=installed.roots if installed else (),
+            install_dirs=(*roots, str(Path(ctx.config_file).parent)) if ctx.config_file else roots,
             path_dirs=installed.path if installed else (),
             version=installed.version if installed else "",
         )

@@ -488,31 +488,41 @@ class TorchBackend:
     # ---- SFT ----
 
     def train_sft(self, batch: TrainBatch) -> dict[str, float]:
-        """One SFT step: ``agg_loss(-log_prob, loss_mask)`` over the batch, one update."""
+        """One SFT step: ``agg_loss(-log_prob, loss_mask)``, one update per mini-batch, over
+        ``ppo_epochs`` passes (``updates_per_step`` updates; one by default).
+
+        ``loss/sft`` and ``sft/nll_per_token`` are those of the first pass (the batch as the
+        step found it), ``sft/nll_per_token_last`` that of the last pass (before its updates).
+        """
         started = time.perf_counter()
-        samples = batch.samples
-        mbs = [collate(samples, rows, self._device) for rows in self._micro_rows(samples, range(len(samples)))]
-        self._set_batch_info(mbs)
-        self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        nll_sum = 0.0
-        ntok = 0.0
-        for mb in mbs:
-            log_prob, _ = self._log_prob(self.model, mb)
-            loss = self._verl.core_algos.agg_loss(
-                loss_mat=-log_prob,
-                loss_mask=mb.mask,
-                loss_agg_mode=self._cfg.loss_agg_mode,
-                **self._cfg.global_batch_info,
-            )
-            _backward(loss)
-            total += float(loss.detach())
-            nll_sum += float((-log_prob.detach() * mb.mask).sum())
-            ntok += float(mb.mask.sum())
-        grad_norm = self._clip_and_step()
-        out = {"loss/sft": total, "loss/total": total, "grad_norm": grad_norm}
-        if ntok:
-            out["sft/nll_per_token"] = nll_sum / ntok
+        minis = self._mini_batches(batch.samples)
+        losses: list[float] = []
+        nlls: list[float] = []
+        grad_norms: list[float] = []
+        for _epoch in range(self._config.ppo_epochs):
+            nll_sum = ntok = total = 0.0
+            for mbs in minis:
+                self._set_batch_info(mbs)
+                self.optimizer.zero_grad(set_to_none=True)
+                for mb in mbs:
+                    log_prob, _ = self._log_prob(self.model, mb)
+                    loss = self._verl.core_algos.agg_loss(
+                        loss_mat=-log_prob,
+                        loss_mask=mb.mask,
+                        loss_agg_mode=self._cfg.loss_agg_mode,
+                        **self._cfg.global_batch_info,
+                    )
+                    _backward(loss)
+                    total += float(loss.detach())
+                    nll_sum += float((-log_prob.detach() * mb.mask).sum())
+                    ntok += float(mb.mask.sum())
+                grad_norms.append(self._clip_and_step())
+            losses.append(total / len(minis))
+            nlls.append(nll_sum / ntok if ntok else math.nan)
+        out = {"loss/sft": losses[0], "loss/total": losses[0], "grad_norm": sum(grad_norms) / len(grad_norms)}
+        if not math.isnan(nlls[0]):
+            out["sft/nll_per_token"] = nlls[0]
+            out["sft/nll_per_token_last"] = nlls[-1]
         out.update(self._throughput(batch, time.perf_counter() - started))
         return out
 

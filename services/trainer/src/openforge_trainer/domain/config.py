@@ -89,7 +89,8 @@ class RunConfig(_Section):
         max_staleness: Samples whose oldest sampled token is more than this many policy
             versions behind the trainer are dropped (and counted).
         is_cap: Truncated importance sampling: token weights min(π_old/π_behaviour, is_cap).
-        ppo_epochs: Passes over each batch.
+        ppo_epochs: Passes over each batch (RL; SFT on the ``torch`` backend, e.g. several
+            epochs over recorded demonstrations).
         mini_batches: Optimizer steps per pass (the batch is split into this many parts).
         micro_batch_tokens: Padded tokens per forward/backward (gradient accumulation).
         temperature: Sampling temperature of the rollouts, sent with every ``SubmitRollouts``
