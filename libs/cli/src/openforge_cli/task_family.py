@@ -1,37 +1,38 @@
-"""``openforge tasks``: the ``words`` task family, small enough for a tiny model to learn on a CPU.
+"""``openforge tasks``: the ``lines`` task family, small enough for a tiny model to learn on a CPU.
 
 Every instance is a Harbor task folder (``task.toml``, ``instruction.md``, ``environment/``,
-``tests/``, ``solution/solve.sh``) whose answer is one word of a small vocabulary (:data:`WORDS`).
-Three kinds share the skill "read a name, act on it":
+``tests/``, ``solution/solve.sh``): a workspace with a ``data.txt`` of a few lines (words drawn
+from :data:`WORDS`) and an instruction to write something about it to ``answer.txt``. Five kinds:
 
-==========  =====================================================  ===============================
-kind        instruction                                            oracle (one model call a line)
-==========  =====================================================  ===============================
-``touch``   Create an empty file named ``W``.                      ``touch W``
-``mkdir``   Create a directory named ``W``.                        ``mkdir W``
-``note``    The file ``N.txt`` holds a name; create an empty       ``cat N.txt`` then ``touch W``
-            file with that name.                                   (W is read from the tool result)
-==========  =====================================================  ===============================
+=========  =====================================================  ==================================
+kind       instruction                                            oracle (one model call a line)
+=========  =====================================================  ==================================
+``count``  Write the number of lines in data.txt to answer.txt.   ``wc -l < data.txt > answer.txt``
+``sort``   Write the lines of data.txt, sorted, to answer.txt.    ``sort data.txt > answer.txt``
+``first``  Write the first line of data.txt to answer.txt.        ``head -n 1 data.txt > answer.txt``
+``last``   Write the last line of data.txt to answer.txt.         ``tail -n 1 data.txt > answer.txt``
+``check``  Ticket N: run check.sh and write the word it prints    ``bash check.sh``, then
+           to answer.txt.                                         ``echo passed > answer.txt`` (or
+                                                                  ``failed``: read from the result)
+=========  =====================================================  ==================================
 
-Each ``note`` instance has a note file of its own (:data:`NOTE_NAMES`, one per instance, its
-answer drawn from :data:`WORDS` in turn), so every instance has its own instruction (the
-``scripted-oracle`` engine finds a task by its instruction) and a held-out note names an answer
-that its note name never led to in training.
+The answer differs from instance to instance (another ``data.txt``, another verdict), the skill
+does not: the same instruction asks for the same command. ``check`` is the multi-turn variant:
+its answer is only known from the first call's tool result; its ticket number makes each
+instruction unique (the ``scripted-oracle`` engine finds a task by its instruction).
 
-The verifier (``tests/check.py``) gives gated partial credit, written to ``reward.json``: 0.5
-for the right kind of action (exactly one new entry in ``/app``, of the asked type: file or
-directory), 1.0 when its name is also right. Anything else (no new entry, several, the wrong type)
-earns 0, so spraying every name earns nothing. A policy that has only learnt the format earns
-about ``0.5 + 0.5 / len(WORDS)`` on ``touch``/``mkdir`` when it picks the command right, which
-gives GRPO groups reward variance from the first step.
+The verifier (``tests/check.py``) gives gated partial credit, written to ``reward.json``: 0.2
+when ``answer.txt`` exists (the right target), 1.0 when its content is right (compared line by
+line, surrounding blanks ignored). A policy that writes ``answer.txt`` with a command picked at
+random among the five earns about ``0.2 + 0.8 / 5``, so GRPO groups have reward variance from the
+first steps.
 
-Instances are split reproducibly into disjoint ``train`` and ``test`` sets (:func:`split`): the
-held-out instances are (kind, word) pairs never trained on, every word and every kind still
-appearing in ``train``, so the test measures the skill, not a memorised answer.
+Instances are split reproducibly into disjoint ``train`` and ``test`` sets (:func:`split`),
+``test_per_kind`` of each kind held out: the test measures the skill on workspaces (and
+verdicts) never trained on, not a memorised answer.
 
 ``solution/solve.sh`` starts with :data:`ONE_CALL_PER_LINE`: the ``scripted-oracle`` engine then
-replays each command line as its own model call (so the ``note`` demonstrations read the note
-first and act on the tool result in a second call), where other tasks' scripts run whole.
+replays each command line as its own model call, where other tasks' scripts run whole.
 """
 
 from __future__ import annotations
@@ -45,15 +46,31 @@ from typing import Final, Literal
 
 import click
 
-#: The vocabulary of answers: each one token (after a space) in the tiny model's tokenizer.
-WORDS: Final[tuple[str, ...]] = ("city", "light", "rain", "page")
-#: Names of the note files, one ``note`` instance each (single tokens too, none in :data:`WORDS`).
-NOTE_NAMES: Final[tuple[str, ...]] = ("data", "list", "text", "input", "code", "path", "line", "value")
+#: Words of the ``data.txt`` lines (single tokens after a space in the tiny model's tokenizer).
+WORDS: Final[tuple[str, ...]] = (
+    "city", "light", "rain", "page", "map", "tab", "root", "hand", "plan", "square", "branch", "server",
+)  # fmt: skip
+#: The verdicts ``check.sh`` prints.
+VERDICTS: Final[tuple[str, ...]] = ("passed", "failed")
 #: First line after the shebang of a ``solve.sh`` replayed one command per model call.
 ONE_CALL_PER_LINE: Final = "# oracle: one model call per line"
 
-Kind = Literal["touch", "mkdir", "note"]
-KINDS: Final[tuple[Kind, ...]] = ("touch", "mkdir", "note")
+Kind = Literal["count", "sort", "first", "last", "check"]
+KINDS: Final[tuple[Kind, ...]] = ("count", "sort", "first", "last", "check")
+_INSTRUCTIONS: Final[dict[str, str]] = {
+    "count": "Write the number of lines in data.txt to answer.txt.",
+    "sort": "Write the lines of data.txt, sorted, to answer.txt.",
+    "first": "Write the first line of data.txt to answer.txt.",
+    "last": "Write the last line of data.txt to answer.txt.",
+    "check": "Ticket {ticket}: run check.sh and write the word it prints to answer.txt.",
+}
+_COMMANDS: Final[dict[str, tuple[str, ...]]] = {
+    "count": ("wc -l < data.txt > answer.txt",),
+    "sort": ("sort data.txt > answer.txt",),
+    "first": ("head -n 1 data.txt > answer.txt",),
+    "last": ("tail -n 1 data.txt > answer.txt",),
+    "check": ("bash check.sh", "echo {verdict} > answer.txt"),
+}
 
 
 @dataclass(frozen=True)
@@ -61,73 +78,81 @@ class Instance:
     """One task of the family.
 
     Attributes:
-        kind: ``touch``, ``mkdir`` or ``note``.
-        word: The answer: the name the new entry must have.
-        note: ``note`` only: the file (``<note>.txt``) that holds the answer.
+        kind: One of :data:`KINDS`.
+        index: The instance's number within its kind (0-based).
+        lines: The lines of its ``data.txt``.
+        ticket: ``check`` only: the ticket number in its instruction.
+        verdict: ``check`` only: the word its ``check.sh`` prints.
     """
 
     kind: Kind
-    word: str
-    note: str = ""
+    index: int
+    lines: tuple[str, ...]
+    ticket: int = 0
+    verdict: str = ""
 
     @property
     def task_id(self) -> str:
-        """``<kind>-<word>`` (``note-<note>`` for ``note``: the answer is not in the name)."""
-        return f"note-{self.note}" if self.kind == "note" else f"{self.kind}-{self.word}"
+        """``<kind>-<index>``."""
+        return f"{self.kind}-{self.index}"
 
     @property
     def instruction(self) -> str:
         """The prompt the harness gets."""
-        if self.kind == "touch":
-            return f"Create an empty file named {self.word}."
-        if self.kind == "mkdir":
-            return f"Create a directory named {self.word}."
-        return f"The file {self.note}.txt holds a name. Create an empty file with that name."
+        return _INSTRUCTIONS[self.kind].format(ticket=self.ticket)
 
     @property
     def commands(self) -> tuple[str, ...]:
         """The oracle's commands, one model call each."""
-        if self.kind == "touch":
-            return (f"touch {self.word}",)
-        if self.kind == "mkdir":
-            return (f"mkdir {self.word}",)
-        return (f"cat {self.note}.txt", f"touch {self.word}")
+        return tuple(c.format(verdict=self.verdict) for c in _COMMANDS[self.kind])
+
+    @property
+    def answer(self) -> tuple[str, ...]:
+        """The lines ``answer.txt`` must hold."""
+        if self.kind == "count":
+            return (str(len(self.lines)),)
+        if self.kind == "sort":
+            return tuple(sorted(self.lines))
+        if self.kind == "first":
+            return self.lines[:1]
+        if self.kind == "last":
+            return self.lines[-1:]
+        return (self.verdict,)
 
 
-def instances(words: tuple[str, ...] = WORDS, notes: tuple[str, ...] = NOTE_NAMES) -> list[Instance]:
-    """Every instance: one ``touch`` and one ``mkdir`` per word, one ``note`` per note name (its
-    answer the words in turn), in a fixed order."""
-    out: list[Instance] = [Instance(k, w) for k in ("touch", "mkdir") for w in words]
-    out += [Instance("note", words[i % len(words)], n) for i, n in enumerate(notes)]
+def instances(per_kind: int = 8, seed: int = 0) -> list[Instance]:
+    """``per_kind`` instances of each kind, drawn reproducibly from ``seed``: ``data.txt`` of 2
+    to 6 distinct words, its first and last lines different and not already sorted; ``check``
+    verdicts alternating, ticket numbers distinct."""
+    rng = random.Random(f"lines-family:{seed}")
+    tickets = rng.sample(range(100, 1000), per_kind)
+    out: list[Instance] = []
+    for kind in KINDS:
+        for i in range(per_kind):
+            while True:
+                lines = tuple(rng.sample(WORDS, rng.randint(2, 6)))
+                if list(lines) != sorted(lines):
+                    break
+            if kind == "check":
+                out.append(Instance(kind, i, lines, ticket=tickets[i], verdict=VERDICTS[i % 2]))
+            else:
+                out.append(Instance(kind, i, lines))
     return out
 
 
-def split(items: list[Instance], seed: int, test_per_kind: int = 1) -> dict[str, list[Instance]]:
+def split(items: list[Instance], seed: int, test_per_kind: int = 2) -> dict[str, list[Instance]]:
     """Disjoint ``train``/``test`` sets: ``test_per_kind`` held-out instances of each kind.
-
-    Held-out instances use pairwise different answers where possible, so every word stays in
-    ``train`` for every kind but the held-out pair.
-
-    Args:
-        items: The instances (:func:`instances`).
-        seed: Seed of the draw.
-        test_per_kind: Held-out instances per kind (>= 1, fewer than the kind's instances).
 
     Raises:
         ValueError: ``test_per_kind`` leaves a kind without training instances.
     """
-    rng = random.Random(f"words-split:{seed}")
+    rng = random.Random(f"lines-split:{seed}")
     test: list[Instance] = []
-    used: set[str] = set()
     for kind in KINDS:
         pool = [i for i in items if i.kind == kind]
         if not 1 <= test_per_kind < len(pool):
             raise ValueError(f"test_per_kind={test_per_kind}: kind {kind} has {len(pool)} instances")
-        rng.shuffle(pool)
-        pool.sort(key=lambda i: i.word in used)  # stable: unused answers first, in shuffled order
-        for inst in pool[:test_per_kind]:
-            test.append(inst)
-            used.add(inst.word)
+        test += rng.sample(pool, test_per_kind)
     return {"train": [i for i in items if i not in test], "test": [i for i in items if i in test]}
 
 
@@ -137,8 +162,8 @@ version = "1.0"
 [metadata]
 author_name = "OpenForgeRL"
 difficulty = "easy"
-category = "words"
-tags = ["openforge-words", "{split}"]
+category = "lines"
+tags = ["openforge-lines", "{split}"]
 
 [agent]
 timeout_sec = 60.0
@@ -155,7 +180,7 @@ allow_internet = false
 
 _TEST_SH: Final = """\
 #!/usr/bin/env bash
-# Verifier of a `words` task: gated partial credit, written by check.py to /logs/verifier/reward.json.
+# Verifier of a `lines` task: gated partial credit, written by check.py to /logs/verifier/reward.json.
 set -u
 mkdir -p /logs/verifier
 cd /app || { echo '{"reward": 0}' > /logs/verifier/reward.json; exit 0; }
@@ -163,59 +188,62 @@ python3 /tests/check.py
 """
 
 _CHECK_PY: Final = '''\
-"""Verifier of a `words` task (run by tests/test.sh in /app; writes /logs/verifier/reward.json).
+"""Verifier of a `lines` task (run by tests/test.sh in /app; writes /logs/verifier/reward.json).
 
-0.5 for exactly one new entry of the asked type, 1.0 when it also has the asked name.
+0.2 when answer.txt exists, 1.0 when its lines are the expected ones (blanks around them ignored).
 """
 
 import json
 from pathlib import Path
 
 EXPECTED = {expected}
-new = sorted(p for p in Path(".").iterdir() if p.name not in EXPECTED["before"])
-kind_ok = len(new) == 1 and (new[0].is_dir() if EXPECTED["type"] == "dir" else new[0].is_file())
-name_ok = kind_ok and new[0].name == EXPECTED["name"]
-reward = 1.0 if name_ok else 0.5 if kind_ok else 0.0
-print(f"new entries: {{[p.name for p in new]}}; type ok: {{kind_ok}}; name ok: {{name_ok}}")
-result = {{"reward": reward, "type_ok": int(kind_ok), "name_ok": int(name_ok)}}
-Path("/logs/verifier/reward.json").write_text(json.dumps(result))
+path = Path("answer.txt")
+exists = path.is_file()
+lines = [x.strip() for x in path.read_text(errors="replace").strip().splitlines()] if exists else []
+right = exists and lines == EXPECTED
+reward = 1.0 if right else 0.2 if exists else 0.0
+print(f"answer.txt exists: {{exists}}; lines: {{lines[:8]}}; expected: {{EXPECTED}}")
+Path("/logs/verifier/reward.json").write_text(json.dumps({{"reward": reward, "exists": int(exists)}}))
 '''
+
+_CHECK_SH: Final = """\
+#!/usr/bin/env bash
+# The ticket's check: prints its verdict.
+echo {verdict}
+"""
 
 
 def write_task(inst: Instance, folder: Path, split_name: str) -> None:
     """Writes one Harbor task folder for ``inst`` (replacing any folder already there)."""
     if folder.exists():
         shutil.rmtree(folder)
-    (folder / "environment").mkdir(parents=True)
+    files = folder / "environment" / "files"
+    files.mkdir(parents=True)
     (folder / "tests").mkdir()
     (folder / "solution").mkdir()
     (folder / "task.toml").write_text(_TASK_TOML.format(split=split_name))
     (folder / "instruction.md").write_text(inst.instruction + "\n")
-    dockerfile = "FROM python:3.11-slim-bookworm\nWORKDIR /app\n"
-    before: list[str] = []
-    if inst.kind == "note":
-        files = folder / "environment" / "files"
-        files.mkdir()
-        (files / f"{inst.note}.txt").write_text(inst.word + "\n")
-        dockerfile += "COPY files/ /app/\n"
-        before.append(f"{inst.note}.txt")
-    (folder / "environment" / "Dockerfile").write_text(dockerfile)
-    expected = {"name": inst.word, "type": "dir" if inst.kind == "mkdir" else "file", "before": before}
+    (files / "data.txt").write_text("".join(line + "\n" for line in inst.lines))
+    if inst.kind == "check":
+        (files / "check.sh").write_text(_CHECK_SH.format(verdict=inst.verdict))
+    (folder / "environment" / "Dockerfile").write_text(
+        "FROM python:3.11-slim-bookworm\nWORKDIR /app\nCOPY files/ /app/\n"
+    )
     (folder / "tests" / "test.sh").write_text(_TEST_SH)
-    (folder / "tests" / "check.py").write_text(_CHECK_PY.format(expected=json.dumps(expected)))
+    (folder / "tests" / "check.py").write_text(_CHECK_PY.format(expected=json.dumps(list(inst.answer))))
     solve = "#!/usr/bin/env bash\n" + ONE_CALL_PER_LINE + "\nset -eu\ncd /app\n" + "\n".join(inst.commands) + "\n"
     (folder / "solution" / "solve.sh").write_text(solve)
     for script in (folder / "tests" / "test.sh", folder / "solution" / "solve.sh"):
         script.chmod(0o755)
 
 
-def generate(out: Path, seed: int = 0, test_per_kind: int = 1) -> dict[str, list[str]]:
+def generate(out: Path, seed: int = 0, test_per_kind: int = 2) -> dict[str, list[str]]:
     """Writes the family under ``out/train`` and ``out/test`` (each folder replaced whole).
 
     Returns:
         Task ids per split, in the family's order.
     """
-    sets = split(instances(), seed, test_per_kind)
+    sets = split(instances(seed=seed), seed, test_per_kind)
     ids: dict[str, list[str]] = {}
     for split_name, items in sets.items():
         root = out / split_name
@@ -233,12 +261,12 @@ def tasks() -> None:
     """Task sets."""
 
 
-@tasks.command("words")
+@tasks.command("lines")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Task root to write (train/, test/).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the train/test split.")
-@click.option("--test-per-kind", default=1, show_default=True, help="Held-out instances per kind.")
-def words_command(out: Path, seed: int, test_per_kind: int) -> None:
-    """Write the `words` task family (the CPU demo's tasks) as Harbor task folders under OUT."""
+@click.option("--test-per-kind", default=2, show_default=True, help="Held-out instances per kind.")
+def lines_command(out: Path, seed: int, test_per_kind: int) -> None:
+    """Write the `lines` task family (the CPU demo's tasks) as Harbor task folders under OUT."""
     ids = generate(out, seed, test_per_kind)
     for split_name, names in ids.items():
         click.echo(f"{split_name}: {len(names)} tasks: {' '.join(names)}")

@@ -118,12 +118,12 @@ def test_engine_serves_the_oracle_tokens_with_the_models_tokenizer(tiny_model_di
 def test_a_one_call_per_line_solution_is_replayed_a_command_per_turn_then_submitted() -> None:
     demo = ROOT / "examples" / "demo" / "tasks"
     plans = OraclePlans(demo)
-    task = demo / "train" / "note-data"
+    task = demo / "train" / "check-1"
     prompt = f"<|im_start|>user\n{(task / 'instruction.md').read_text().strip()}<|im_end|>\n"
     answers = [oracle_completion(plans, prompt + "<tool_response>x</tool_response>" * turn) for turn in range(4)]
     assert [_call(a)["arguments"] for a in answers[:3]] == [
-        {"command": "cat data.txt"},
-        {"command": "touch city"},
+        {"command": "bash check.sh"},
+        {"command": "echo failed > answer.txt"},
         {"command": SUBMIT_COMMAND},
     ]
     assert "<tool_call>" not in answers[3]

@@ -25,9 +25,9 @@ def _install(root: Path) -> Path:
 
 
 def _launch(factory: LaunchFactory) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    task = load_task(ROOT / "examples" / "demo" / "tasks" / "train" / "touch-city", "train")
+    task = load_task(ROOT / "examples" / "demo" / "tasks" / "train" / "count-0", "train")
     rollout = Rollout(
-        rollout_id="r", run_id="run", task_id="touch-city", task_set="train", group_id="g", group_index=0,
+        rollout_id="r", run_id="run", task_id="count-0", task_set="train", group_id="g", group_index=0,
         harness="mini-swe-agent", model_name="policy", status=RolloutStatus.PENDING, min_policy_version=0,
         timeout_s=0.0, create_time=0.0,
     )  # fmt: skip

@@ -292,3 +292,29 @@ async def test_with_only_zero_variance_groups_the_step_trains_on_them(refills: i
     assert metrics["groups/zero_variance_dropped"] == 0.0
     assert metrics["groups/zero_variance_fraction"] == 1.0
     assert world.refilled_groups == refills
+
+
+# ---- the shuffled-rewards negative control ----
+
+
+async def test_shuffle_rewards_permutes_rewards_within_each_group_and_keeps_true_metrics() -> None:
+    script = [ok(1.0, 0.0, 0.5, 0.25), [R(reward=1.0, samples=2), R(reward=0.0)]]
+    runs = []
+    for seed in (0, 1, 2, 3):
+        world = ScriptedWorld(script, default=ok(1.0, 0.0))
+        [batch], [metrics] = await run_loop(
+            world, groups_per_step=2, group_size=4, tasks=["a", "b"], shuffle_rewards=True, seed=seed
+        )
+        by_rollout = {s.rollout_id: s.reward for s in batch.samples}
+        # Every sample of a rollout carries that rollout's (new) reward.
+        assert all(s.reward == by_rollout[s.rollout_id] for s in batch.samples)
+        # Within each group, the rewards are the same multiset, over the same rollouts.
+        assert sorted(r for k, r in by_rollout.items() if k.startswith("g1-")) == [0.0, 0.25, 0.5, 1.0]
+        assert sorted(r for k, r in by_rollout.items() if k.startswith("g2-")) == [0.0, 1.0]
+        assert metrics["reward/mean"] == pytest.approx((1.75 + 1.0) / 6)  # the true rewards
+        runs.append(by_rollout)
+    truth = {"g1-r0": 1.0, "g1-r1": 0.0, "g1-r2": 0.5, "g1-r3": 0.25, "g2-r0": 1.0, "g2-r1": 0.0}
+    assert any(run != truth for run in runs)  # some seed moves a reward
+    world = ScriptedWorld(script, default=ok(1.0, 0.0))
+    [batch], _ = await run_loop(world, groups_per_step=2, group_size=4, tasks=["a", "b"])
+    assert {s.rollout_id: s.reward for s in batch.samples} == truth  # off: untouched

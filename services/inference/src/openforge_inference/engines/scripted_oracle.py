@@ -71,7 +71,7 @@ _ENGINE_NAME: Final = "scripted-oracle"
 #: mini-swe-agent ends a run when a command prints this.
 SUBMIT_COMMAND: Final = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 #: Second line of a ``solve.sh`` replayed one command line per model call (written by
-#: ``openforge tasks words``, ``openforge_cli.task_family``).
+#: ``openforge tasks lines``, ``openforge_cli.task_family``).
 ONE_CALL_PER_LINE: Final = "# oracle: one model call per line"
 _TOOL_RESULT: Final = "<tool_response>"
 _UNKNOWN: Final = "I do not recognise this task."

@@ -77,7 +77,7 @@ class RunConfig(_Section):
         algorithm: Advantage estimator (veRL ``core_algos``: grpo, rloo, reinforce_plus_plus).
         loss: Policy loss (veRL ``vanilla`` PPO-clip or ``gspo``).
         loss_agg_mode: veRL ``agg_loss`` mode.
-        learning_rate: AdamW learning rate.
+        learning_rate: AdamW learning rate (0: the weights never change, a negative control).
         weight_decay: AdamW weight decay.
         max_grad_norm: Gradient clipping by global norm (0 = off).
         kl_coef: Coefficient of the KL penalty to the initial policy (0 = no reference model).
@@ -109,6 +109,10 @@ class RunConfig(_Section):
             §3.2; veRL ``algorithm.filter_groups``): in RL, a group whose trained rollouts all
             earned the same reward (GRPO/RLOO advantage 0 everywhere) is not trained on and
             another group is requested in its place (``groups/zero_variance_dropped``).
+        shuffle_rewards: A negative control: before advantages, the rewards of each group's
+            rollouts are permuted among them (seeded by ``seed`` and the group id); a run that
+            still improves under it improves for some other reason than its rewards. Metrics
+            keep the true rewards.
         max_zero_variance_refills: Most zero-variance groups replaced per step when
             ``drop_zero_variance_groups`` is on (veRL's ``max_num_gen_batches`` counted in
             groups); the next one ends the step's collection: it trains on the groups it has,
@@ -139,7 +143,7 @@ class RunConfig(_Section):
     algorithm: Algorithm = "grpo"
     loss: PolicyLoss = "ppo-clip"
     loss_agg_mode: LossAggMode = "token-mean"
-    learning_rate: float = Field(default=1e-6, gt=0)
+    learning_rate: float = Field(default=1e-6, ge=0)
     weight_decay: float = Field(default=0.0, ge=0)
     max_grad_norm: float = Field(default=1.0, ge=0)
     kl_coef: float = Field(default=0.0, ge=0)
@@ -161,6 +165,7 @@ class RunConfig(_Section):
     norm_adv_by_std: bool = True
     drop_zero_variance_groups: bool = False
     max_zero_variance_refills: int = Field(default=8, ge=0)
+    shuffle_rewards: bool = False
     steps: int = Field(default=1, ge=1)
     eval_interval: int = Field(default=0, ge=0)
     pass_threshold: float = 1.0

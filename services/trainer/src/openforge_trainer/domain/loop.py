@@ -56,6 +56,7 @@ from openforge_trainer.domain.samples import (
     group_metrics,
     is_zero_variance,
     select_for_sft,
+    shuffle_rewards,
 )
 from openforge_trainer.domain.state import TrainerState
 
@@ -428,6 +429,8 @@ class TrainingLoop:
                         break
                     log.info("run.zero_variance_group_dropped", run_id=self.run_id, group_id=group.group_id)
                     continue
+            if cfg.mode == "rl" and cfg.shuffle_rewards:
+                usable = shuffle_rewards(usable, random.Random(f"{cfg.seed}:{group.group_id}"))
             got.take(group, usable, ages)
         fallback = [] if got.groups else set_aside[-cfg.groups_per_step :]
         for taken in fallback:

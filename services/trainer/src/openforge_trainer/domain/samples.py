@@ -13,7 +13,9 @@ Pure Python (no torch): the loop runs these on the event loop; backends turn a
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -199,6 +201,18 @@ def is_zero_variance(samples: Iterable[TrainSample]) -> bool:
     """
     rewards = {s.rollout_id: s.reward for s in samples}
     return len(rewards) > 1 and len(set(rewards.values())) == 1
+
+
+def shuffle_rewards(samples: Sequence[TrainSample], rng: random.Random) -> list[TrainSample]:
+    """The samples with their rollouts' rewards permuted among the rollouts (one draw of
+    ``rng``; every sample of a rollout gets the same new reward): the ``shuffle_rewards``
+    negative control. Sample order is kept."""
+    rollouts = list(dict.fromkeys(s.rollout_id for s in samples))
+    reward_of = {s.rollout_id: s.reward for s in samples}
+    permuted = [reward_of[r] for r in rollouts]
+    rng.shuffle(permuted)
+    new = dict(zip(rollouts, permuted, strict=True))
+    return [dataclasses.replace(s, reward=new[s.rollout_id]) for s in samples]
 
 
 def select_for_sft(samples: Iterable[TrainSample], min_reward: float) -> list[TrainSample]:

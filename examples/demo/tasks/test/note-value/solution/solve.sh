@@ -1,6 +1,0 @@
-#!/usr/bin/env bash
-# oracle: one model call per line
-set -eu
-cd /app
-cat value.txt
-touch page
