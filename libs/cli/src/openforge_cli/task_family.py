@@ -31,7 +31,7 @@ Instances are split reproducibly into disjoint ``train`` and ``test`` sets (:fun
 ``test_per_kind`` of each kind held out: the test measures the skill on workspaces (and
 verdicts) never trained on, not a memorised answer.
 
-``solution/solve.sh`` starts with :data:`ONE_CALL_PER_LINE`: the ``scripted-oracle`` engine then
+The second line of ``solution/solve.sh`` is :data:`ONE_CALL_PER_LINE`: the ``scripted-oracle`` engine then
 replays each command line as its own model call, where other tasks' scripts run whole.
 """
 
@@ -52,7 +52,8 @@ WORDS: Final[tuple[str, ...]] = (
 )  # fmt: skip
 #: The verdicts ``check.sh`` prints.
 VERDICTS: Final[tuple[str, ...]] = ("passed", "failed")
-#: First line after the shebang of a ``solve.sh`` replayed one command per model call.
+#: First line after the shebang of a ``solve.sh`` replayed one command per model call (the
+#: ``scripted-oracle`` engine's ``ONE_CALL_PER_LINE``; a test checks both agree).
 ONE_CALL_PER_LINE: Final = "# oracle: one model call per line"
 
 Kind = Literal["count", "sort", "first", "last", "check"]
@@ -263,7 +264,7 @@ def tasks() -> None:
 
 @tasks.command("lines")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Task root to write (train/, test/).")
-@click.option("--seed", default=0, show_default=True, help="Seed of the train/test split.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the instances (data, tickets) and the split.")
 @click.option("--test-per-kind", default=2, show_default=True, help="Held-out instances per kind.")
 def lines_command(out: Path, seed: int, test_per_kind: int) -> None:
     """Write the `lines` task family (the CPU demo's tasks) as Harbor task folders under OUT."""

@@ -132,5 +132,10 @@ def test_a_one_call_per_line_solution_is_replayed_a_command_per_turn_then_submit
 def test_oracle_steps_keep_whole_scripts_whole() -> None:
     script = "#!/usr/bin/env bash\nset -e\ncd /app\necho a > b\n"
     assert oracle_steps(script) == ("bash -c " + shlex.quote(script),)
-    marked = f"#!/usr/bin/env bash\n{ONE_CALL_PER_LINE}\nset -eu\ncd /app\n\n# note\nls\ncat x\n"
-    assert oracle_steps(marked) == ("ls", "cat x")
+    marked = f"#!/usr/bin/env bash\n{ONE_CALL_PER_LINE}\nset -eu\ncd /app\n\n# note\nls\ncd sub && make\ncat x\n"
+    assert oracle_steps(marked) == ("ls", "cd sub && make", "cat x")
+    with pytest.raises(ValueError, match="no command"):
+        oracle_steps(f"#!/bin/sh\n{ONE_CALL_PER_LINE}\nset -e\n")
+    from openforge_cli import task_family
+
+    assert task_family.ONE_CALL_PER_LINE == ONE_CALL_PER_LINE  # the generator writes what the engine reads

@@ -166,8 +166,8 @@ class HarnessSettings(_Section):
         command: Default argv template of the ``command`` harness (placeholders in
             :mod:`openforge_orchestrator.harnesses.command`).
         config_files: Harness name → a settings file layered over the harness's own defaults
-            (local sandboxes; mini-swe-agent only: ``-c mini.yaml -c FILE``), e.g. a shorter
-            system prompt. Other harnesses are refused at start.
+            (mini-swe-agent only: ``-c mini.yaml -c FILE``, the file's text written into each
+            sandbox), e.g. a shorter system prompt. Other harnesses are refused at start.
     """
 
     install_dir: str = ".openforge/harnesses"

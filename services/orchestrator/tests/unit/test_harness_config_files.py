@@ -1,6 +1,6 @@
 """A harness settings file (``harness.config_files``): layered over mini-swe-agent's own
-``mini.yaml`` with a second ``-c`` and visible read-only in the sandbox; refused for harnesses
-that take none and for a missing file."""
+``mini.yaml`` with a second ``-c``, its text written into the sandbox (no host path exposed);
+refused for harnesses that take none and for a missing file."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from openforge_orchestrator.domain.rollouts import Rollout, RolloutStatus
+from openforge_orchestrator.domain.sandbox import HarnessLaunch
 from openforge_orchestrator.domain.tasks import load_task
 from openforge_orchestrator.harnesses.launches import LaunchFactory
+from openforge_orchestrator.harnesses.mini_swe_agent import SETTINGS_FILE
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -24,7 +26,7 @@ def _install(root: Path) -> Path:
     return root
 
 
-def _launch(factory: LaunchFactory) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _launch(factory: LaunchFactory) -> HarnessLaunch:
     task = load_task(ROOT / "examples" / "demo" / "tasks" / "train" / "count-0", "train")
     rollout = Rollout(
         rollout_id="r", run_id="run", task_id="count-0", task_set="train", group_id="g", group_index=0,
@@ -33,22 +35,23 @@ def _launch(factory: LaunchFactory) -> tuple[tuple[str, ...], tuple[str, ...]]:
     )  # fmt: skip
     launch = factory(rollout, task, "http://proxy", "key", 60.0)
     assert launch.argv[0] == "/x/mini"
-    return launch.argv, launch.install_dirs
+    assert launch.install_dirs == ("/x",)
+    return launch
 
 
-def test_the_file_is_layered_after_mini_yaml_and_its_folder_is_visible(tmp_path: Path) -> None:
+def test_the_file_is_layered_after_mini_yaml_and_its_text_written_into_the_sandbox(tmp_path: Path) -> None:
     settings = tmp_path / "conf" / "mini.demo.yaml"
     settings.parent.mkdir()
     settings.write_text("agent: {step_limit: 3}\n")
     installs = _install(tmp_path / "installs")
-    argv, dirs = _launch(LaunchFactory(installs, config_files={"mini-swe-agent": str(settings)}))
-    specs = [argv[i + 1] for i, a in enumerate(argv) if a == "-c"]
-    assert specs[:2] == ["mini.yaml", str(settings.resolve())]
-    assert dirs == ("/x", str(settings.parent.resolve()))
-    plain_argv, plain_dirs = _launch(LaunchFactory(installs))
-    assert next(plain_argv[i + 1] for i, a in enumerate(plain_argv) if a == "-c") == "mini.yaml"
-    assert str(settings.resolve()) not in plain_argv
-    assert plain_dirs == ("/x",)
+    launch = _launch(LaunchFactory(installs, config_files={"mini-swe-agent": str(settings)}))
+    specs = [launch.argv[i + 1] for i, a in enumerate(launch.argv) if a == "-c"]
+    assert specs[:2] == ["mini.yaml", SETTINGS_FILE]
+    assert dict(launch.files) == {SETTINGS_FILE: "agent: {step_limit: 3}\n"}
+    assert not any(str(tmp_path) in a for a in launch.argv)
+    plain = _launch(LaunchFactory(installs))
+    assert next(plain.argv[i + 1] for i, a in enumerate(plain.argv) if a == "-c") == "mini.yaml"
+    assert SETTINGS_FILE not in plain.argv and not plain.files
 
 
 def test_a_file_for_another_harness_or_a_missing_file_is_refused(tmp_path: Path) -> None:

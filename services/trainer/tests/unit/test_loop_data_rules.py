@@ -318,3 +318,16 @@ async def test_shuffle_rewards_permutes_rewards_within_each_group_and_keeps_true
     world = ScriptedWorld(script, default=ok(1.0, 0.0))
     [batch], _ = await run_loop(world, groups_per_step=2, group_size=4, tasks=["a", "b"])
     assert {s.rollout_id: s.reward for s in batch.samples} == truth  # off: untouched
+
+
+async def test_groups_whose_rollouts_all_lack_a_reward_stop_the_run_instead_of_refilling_forever() -> None:
+    from openforge_core.errors import FailedPrecondition
+    from openforge_trainer.domain.loop import MAX_EMPTY_GROUPS_IN_A_ROW
+
+    unscored = [R(status=FAILED, failure_reason="verifier: test.sh exited 2", samples=2)] * 2
+    world = ScriptedWorld([], default=unscored)
+    with pytest.raises(FailedPrecondition) as err:
+        await run_loop(world)
+    assert err.value.reason == "ROLLOUTS_PRODUCE_NO_SAMPLES"
+    assert "no rollout earns a verifier reward (excluded: failed)" in str(err.value)
+    assert len(world.completed) == MAX_EMPTY_GROUPS_IN_A_ROW

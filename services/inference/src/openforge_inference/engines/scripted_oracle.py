@@ -86,12 +86,21 @@ def _tool_call(command: str, step: int) -> str:
 def oracle_steps(script: str) -> tuple[str, ...]:
     """The commands of a ``solve.sh``, one per model call: the whole script as one
     ``bash -c`` command, or each command line when its second line is :data:`ONE_CALL_PER_LINE`
-    (blank, comment, ``set`` and ``cd`` lines skipped)."""
+    (blank and comment lines skipped, and the ``set``/``cd`` lines before the first command:
+    the harness already runs in the working folder).
+
+    Raises:
+        ValueError: A marked script with no command line.
+    """
     lines = script.splitlines()
     if len(lines) < 2 or lines[1].strip() != ONE_CALL_PER_LINE:
         return ("bash -c " + shlex.quote(script),)
-    skip = ("#", "set ", "cd ")
-    return tuple(s for line in lines if (s := line.strip()) and not s.startswith(skip))
+    commands = [s for line in lines if (s := line.strip()) and not s.startswith("#")]
+    while commands and commands[0].startswith(("set ", "cd ")):
+        commands.pop(0)
+    if not commands:
+        raise ValueError("a one-call-per-line solve.sh holds no command")
+    return tuple(commands)
 
 
 class OraclePlans:
@@ -113,7 +122,10 @@ class OraclePlans:
             solve = instruction.parent / "solution" / "solve.sh"
             text = instruction.read_text(encoding="utf-8").strip()
             if solve.is_file() and text:
-                self.commands[text] = oracle_steps(solve.read_text(encoding="utf-8"))
+                try:
+                    self.commands[text] = oracle_steps(solve.read_text(encoding="utf-8"))
+                except ValueError as exc:
+                    raise EngineUnavailable(f"scripted-oracle: {solve}: {exc}") from exc
         if not self.commands:
             raise EngineUnavailable(f"scripted-oracle: no task with solution/solve.sh under {tasks_root}")
         # Longest first, so an instruction that contains another one wins.

@@ -35,8 +35,8 @@ class LaunchContext:
         workdir: The task's working folder inside the sandbox.
         timeout_s: The harness's time limit, seconds.
         command: Argv template of the ``command`` harness.
-        config_file: Absolute path of a settings file layered over the harness's defaults
-            (empty: none); its folder is visible read-only in local sandboxes.
+        config_text: Text of a settings file layered over the harness's defaults (empty: none);
+            the adapter writes it into the sandbox.
     """
 
     instruction: str
@@ -46,7 +46,7 @@ class LaunchContext:
     workdir: str
     timeout_s: float
     command: tuple[str, ...] = ()
-    config_file: str = ""
+    config_text: str = ""
 
 
 @dataclass(frozen=True)

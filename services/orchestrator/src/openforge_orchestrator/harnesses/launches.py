@@ -24,7 +24,8 @@ class LaunchFactory:
             the sandbox image's PATH (Kubernetes).
         default_command: The ``command`` harness's template when a rollout gives none.
         images: Harness name → image (Kubernetes).
-        config_files: Harness name → settings file layered over its defaults (local installs).
+        config_files: Harness name → settings file layered over its defaults (read once, here;
+            its text goes into each sandbox).
 
     Raises:
         ValueError: A settings file for a harness that takes none
@@ -41,15 +42,15 @@ class LaunchFactory:
         self._install_dir = install_dir
         self._default_command = default_command
         self._images = images or {}
-        self._config_files: dict[str, str] = {}
+        self._config_texts: dict[str, str] = {}
         for name, file in (config_files or {}).items():
             if name not in CONFIG_FILE_HARNESSES:
                 known = ", ".join(CONFIG_FILE_HARNESSES)
                 raise ValueError(f"harness.config_files: {name!r} takes no settings file (only {known})")
-            path = Path(file).resolve()
+            path = Path(file)
             if not path.is_file():
                 raise ValueError(f"harness.config_files: {name}: {file} is not a file")
-            self._config_files[name] = str(path)
+            self._config_texts[name] = path.read_text(encoding="utf-8")
 
     def check_installed(self, harness: str) -> None:
         """Refuses a submission whose harness is not installed here (local sandboxes only).
@@ -93,7 +94,7 @@ class LaunchFactory:
             workdir=task.environment.workdir,
             timeout_s=timeout_s,
             command=rollout.command or self._default_command,
-            config_file=self._config_files.get(rollout.harness, ""),
+            config_text=self._config_texts.get(rollout.harness, ""),
         )
         try:
             launch = adapter(rollout.harness).launch(ctx, installed)

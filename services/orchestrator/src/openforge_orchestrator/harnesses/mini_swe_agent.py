@@ -10,15 +10,17 @@ model without a price. ``environment.timeout`` (seconds per command, 30 by defau
 to the rollout's time limit, which the sandbox enforces; the trajectory goes to
 ``/logs/agent/trajectory.json``. A run ends when a command prints
 ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``. A configured settings file (``config_files``) is
-layered over ``mini.yaml`` with a second ``-c`` (mini-swe-agent merges config specs in order).
+layered over ``mini.yaml`` with a second ``-c`` (mini-swe-agent merges config specs in order);
+its text is written into the sandbox (:data:`SETTINGS_FILE`), nothing of the host is exposed.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from openforge_orchestrator.domain.sandbox import AGENT_LOGS, SANDBOX_HOME, HarnessLaunch
+from openforge_orchestrator.domain.sandbox import AGENT_LOGS, SANDBOX_HOME, SANDBOX_RUN, HarnessLaunch
 from openforge_orchestrator.harnesses.base import Installed, LaunchContext, openai_base
+
+#: Where a configured settings file's text is written in the sandbox.
+SETTINGS_FILE = f"{SANDBOX_RUN}/mini-swe-agent.yaml"
 
 
 class MiniSweAgentAdapter:
@@ -28,7 +30,7 @@ class MiniSweAgentAdapter:
 
     def launch(self, ctx: LaunchContext, installed: Installed | None) -> HarnessLaunch:
         """``mini`` with litellm pointed at the proxy."""
-        layered = ("-c", ctx.config_file) if ctx.config_file else ()
+        layered = ("-c", SETTINGS_FILE) if ctx.config_text else ()
         roots = installed.roots if installed else ()
         return HarnessLaunch(
             name=self.name,
@@ -65,7 +67,8 @@ class MiniSweAgentAdapter:
                 "PYTHONUNBUFFERED": "1",
                 "PYTHONDONTWRITEBYTECODE": "1",
             },
-            install_dirs=(*roots, str(Path(ctx.config_file).parent)) if ctx.config_file else roots,
+            install_dirs=roots,
+            files={SETTINGS_FILE: ctx.config_text} if ctx.config_text else {},
             path_dirs=installed.path if installed else (),
             version=installed.version if installed else "",
         )

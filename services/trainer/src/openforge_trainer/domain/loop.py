@@ -440,22 +440,31 @@ class TrainingLoop:
         return got
 
     def _check_not_all_empty(self, group: CompletedGroup) -> None:
-        """Counts groups that ended without any sample; fails the run after too many in a row.
+        """Counts groups that ended without a trainable sample (no sample at all, or only samples
+        of rollouts without a verifier reward); fails the run after too many in a row.
 
         Raises:
-            FailedPrecondition: ``MAX_EMPTY_GROUPS_IN_A_ROW`` groups in a row had no sample
-                (reason ``ROLLOUTS_PRODUCE_NO_SAMPLES``); the rollouts' failure reasons are in
-                the orchestrator's GetRollout / the store.
+            FailedPrecondition: ``MAX_EMPTY_GROUPS_IN_A_ROW`` groups in a row had no trainable
+                sample (reason ``ROLLOUTS_PRODUCE_NO_SAMPLES``); the message gives the last
+                group's exclusion reasons; each rollout's failure reason is in the
+                orchestrator's GetRollout / the store.
         """
-        if group.has_samples:
+        if group.samples:
             self._empty_groups_in_a_row = 0
             return
         self._empty_groups_in_a_row += 1
         log.warning("run.group_without_samples", run_id=self.run_id, group_id=group.group_id, task_id=group.task_id)
         if self._empty_groups_in_a_row >= MAX_EMPTY_GROUPS_IN_A_ROW:
+            why = (
+                "the rollouts fail before their first model call"
+                if not group.has_samples
+                else "no rollout earns a verifier reward (excluded: "
+                + ", ".join(sorted({e.reason for e in group.excluded}))
+                + ")"
+            )
             raise FailedPrecondition(
-                f"{self._empty_groups_in_a_row} groups in a row ended without a single sample (last: "
-                f"{group.group_id}, task {group.task_id}): the rollouts fail before their first model call; "
+                f"{self._empty_groups_in_a_row} groups in a row ended without a trainable sample (last: "
+                f"{group.group_id}, task {group.task_id}): {why}; "
                 "see their failure_reason (orchestrator GetRollout, or the dashboard)",
                 reason="ROLLOUTS_PRODUCE_NO_SAMPLES",
             )
