@@ -71,6 +71,12 @@ def _train(tmp_path: Path, text: str) -> tuple[int, str]:
             "warm_start: {engine: scripted-oracle, run: {stpes: 2}}\neval: {split",
             "warm_start.run.stpes: Extra inputs are not permitted",
         ),
+        ("split: train", "harness_config: no/such.yaml\nsplit: train", "harness_config: no/such.yaml is not a file"),
+        (
+            "harness: mini-swe-agent",
+            "harness: codex\nharness_config: examples/demo/mini-swe-agent.yaml",
+            "harness_config: codex takes no settings file (only mini-swe-agent)",
+        ),
     ],
 )
 def test_invalid_field_is_named_before_anything_starts(

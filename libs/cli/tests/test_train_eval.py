@@ -86,12 +86,15 @@ def test_demo_config_loads_and_builds_valid_trainer_configs() -> None:
     sft = cfg.sft_run_config(Path("/m"))
     rl = cfg.rl_run_config(Path("/m"))
     assert sft["mode"] == "sft" and rl["mode"] == "rl"
-    assert sft["tasks"] == rl["tasks"] == cfg.tasks and rl["task_split"] == "train"
-    assert sft["max_tokens"] > rl["max_tokens"]  # the oracle's tool call is long
-    for task in cfg.tasks + cfg.eval_tasks():
-        split = cfg.split if task in cfg.tasks else cfg.eval.split
-        assert (ROOT / "examples" / "tasks" / split / task / "solution" / "solve.sh").is_file()
-    assert not set(cfg.tasks) & set(cfg.eval_tasks())  # the evaluation split is held out
+    train = cfg.train_tasks()
+    assert rl["tasks"] == train and rl["task_split"] == "train"
+    assert set(sft["tasks"]) < set(train)  # the warm start demonstrates some of the training tasks
+    root = cfg.tasks_root_path
+    assert root == (ROOT / "examples" / "demo" / "tasks").resolve()
+    for task in train:
+        assert (root / cfg.split / task / "solution" / "solve.sh").is_file()
+    assert cfg.eval_tasks() and not set(train) & set(cfg.eval_tasks())  # the evaluation split is held out
+    assert cfg.harness_config is not None and cfg.harness_config.is_file()
     spec = cfg.rollout_spec()
     assert (spec.max_tokens, spec.max_turns, spec.harness) == (rl["max_tokens"], rl["max_turns"], "mini-swe-agent")
 
