@@ -214,10 +214,29 @@ def _record_run(nats_url: str, proxy: Any, fake: ScriptedInferenceServer, model_
         steps.append((subject_for("trainer", "step_completed"), f"step/{RUN}/{n}", ev))
     succeeded, timed_out = common_pb2.ROLLOUT_STATUS_SUCCEEDED, common_pb2.ROLLOUT_STATUS_TIMED_OUT
     finished = subject_for("orchestrator", "rollout_finished")
+    # The held-out evaluation `openforge train` records before the RL run, under its own run id.
+    evals = [_rollout(f"ro-eval-{i}", i) for i in range(2)]
+    for r in evals:
+        r.run_id = f"{RUN}-eval-before"
     asyncio.run(
         _publish(
             nats_url,
             [
+                (
+                    subject_for("orchestrator", "rollouts_submitted"),
+                    "submitted/eval-before",
+                    orch.RolloutsSubmitted(event_id="submitted/eval-before", rollouts=evals),
+                ),
+                *[
+                    (
+                        finished,
+                        f"finished/{r.rollout_id}",
+                        orch.RolloutFinished(
+                            event_id=f"finished/{r.rollout_id}", rollout=_ended(r, succeeded, 0.5 * i, ""), calls=0
+                        ),
+                    )
+                    for i, r in enumerate(evals)
+                ],
                 (
                     finished,
                     "finished/ro-pass",
@@ -355,6 +374,9 @@ def test_dashboard_shows_the_curves_rollouts_and_a_trajectory(
     assert len(re.findall(r'<circle class="pt"', reward)) == STEPS
     assert [int(s) for s in re.findall(r'data-step="(\d+)"', reward)] == list(range(1, STEPS + 1))
     assert len(re.findall(r'<circle class="pt"', _element(page, "svg", "curve-loss-policy"))) == STEPS
+    # The held-out evaluation before RL (mean reward 0.25 of its two rollouts) is marked on the reward curve only.
+    assert re.findall(r'<circle class="eval"[^>]*data-label="before RL" data-value="0.25"', reward)
+    assert '<circle class="eval"' not in _element(page, "svg", "curve-loss-policy")
     manifest = _element(page, "dl", "manifest")
     assert '<dd data-field="harness">openclaw</dd>' in manifest
     assert '<dd data-field="harness_version">2026.9.6</dd>' in manifest

@@ -70,6 +70,8 @@ from openforge_core.rpc.client import open_channel
 
 TRAINER_SERVICE = "openforge.trainer.v1.TrainerService"
 PHASES_FILE = "phases.json"
+#: The evaluations around the RL run: (key, label); recorded under :func:`eval_run_id`.
+EVAL_PHASES = (("before", "before RL"), ("after", "after RL"))
 #: Harnesses that take a ``harness_config`` (the orchestrator's ``harness.config_files``).
 HARNESS_CONFIG_FILES = ("mini-swe-agent",)
 #: Files of a trainer checkpoint that are not part of the model.
@@ -218,6 +220,11 @@ class TrainConfig(_Section):
         """The warm start's trainer config (SFT on the demonstrations that pass)."""
         assert self.warm_start is not None
         return {**self.rl_run_config(model), **self.warm_start.run, "mode": "sft"}
+
+
+def eval_run_id(run_id: str, key: str) -> str:
+    """Run id of the evaluation ``key`` (``before``/``after``) of RL run ``run_id``."""
+    return f"{run_id}-eval-{key}"
 
 
 def load_train_config(path: Path) -> TrainConfig:
@@ -766,7 +773,7 @@ def run_train(cfg: TrainConfig, stack: LocalStack, console: Console) -> dict[str
         assert cfg.eval is not None
         rep = await evaluate(
             stack.addresses["orchestrator"],
-            run_id=f"{cfg.run_id}-eval-{key}",
+            run_id=eval_run_id(cfg.run_id, key),
             task_set=cfg.eval.split,
             tasks=cfg.eval_tasks(),
             n=cfg.eval.k,

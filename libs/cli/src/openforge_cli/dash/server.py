@@ -37,6 +37,7 @@ from aiohttp import web
 from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_cli.dash import views
+from openforge_cli.train import EVAL_PHASES, eval_run_id
 from openforge_core.rpc.client import open_channel
 
 if TYPE_CHECKING:
@@ -161,7 +162,10 @@ async def get_run(request: web.Request) -> web.Response:
 
 
 async def run_metrics(request: web.Request) -> web.Response:
-    """``{"steps": [...], "metric_names": [...]}``: every page of ListStepMetrics (up to :data:`MAX_STEPS`)."""
+    """``{"steps": [...], "metric_names": [...], "evals": [...]}``: every page of ListStepMetrics (up
+    to :data:`MAX_STEPS`), and the held-out evaluations ``openforge train`` ran before and after
+    this run (``{"key", "label", "run_id", "reward"}`` each, mean reward from GetRun; absent when the
+    store has no such run)."""
     run_id = request.match_info["run_id"]
     steps: list[dict[str, Any]] = []
     token = ""
@@ -174,7 +178,17 @@ async def run_metrics(request: web.Request) -> web.Response:
         if not token:
             break
     names = sorted({k for s in steps for k in s["metrics"]})
-    return web.json_response({"steps": steps, "metric_names": names})
+    evals: list[dict[str, Any]] = []
+    for key, label in EVAL_PHASES:
+        try:
+            got = await _stub(request).GetRun(trajectory_pb2.GetRunRequest(run_id=eval_run_id(run_id, key)))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                continue
+            raise
+        if got.run.HasField("mean_reward"):
+            evals.append({"key": key, "label": label, "run_id": got.run.run_id, "reward": got.run.mean_reward})
+    return web.json_response({"steps": steps, "metric_names": names, "evals": evals})
 
 
 async def run_rollouts(request: web.Request) -> web.Response:

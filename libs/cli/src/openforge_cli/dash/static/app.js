@@ -105,10 +105,12 @@ function manifestView(m) {
   return h("dl.kv", { id: "manifest" }, items);
 }
 
-// One SVG line chart of a metric over steps: a polyline and one circle.pt per step.
-function curve(name, points) {
+// One SVG line chart of a metric over steps: a polyline and one circle.pt per step; `marks` are
+// extra points drawn apart (circle.eval: the held-out evaluations before and after RL).
+function curve(name, points, marks = []) {
   const W = 420, H = 200, L = 48, R = 12, T = 10, B = 28;
-  const xs = points.map((p) => p.x), ys = points.map((p) => p.y);
+  const all = points.concat(marks);
+  const xs = all.map((p) => p.x), ys = all.map((p) => p.y);
   let [x0, x1] = [Math.min(...xs), Math.max(...xs)];
   let [y0, y1] = [Math.min(...ys), Math.max(...ys)];
   if (x0 === x1) { x0 -= 1; x1 += 1; }
@@ -131,7 +133,13 @@ function curve(name, points) {
     svg.append(s("circle", { class: "pt", cx: px(p.x), cy: py(p.y), r: 3, "data-step": p.x, "data-value": p.y },
       s("title", {}, `step ${p.x}: ${p.y}`)));
   }
-  return h("div.curve-box", {}, h("h3", {}, name), svg);
+  for (const m of marks) {
+    svg.append(s("circle", { class: "eval", cx: px(m.x), cy: py(m.y), r: 5, "data-label": m.label, "data-value": m.y },
+      s("title", {}, `${m.label} (held-out eval): ${fmt(m.y, 3)}`)));
+  }
+  const legend = marks.map((m) => `${m.label}: ${fmt(m.y, 3)}`).join(", ");
+  return h("div.curve-box", {}, h("h3", {}, name), svg,
+    legend ? h("p.muted.eval-legend", {}, "◆ held-out eval " + legend) : null);
 }
 
 function curvesView(metrics) {
@@ -139,9 +147,12 @@ function curvesView(metrics) {
   // Reward curves first, then the rest in name order.
   const names = [...metrics.metric_names].sort((a, b) =>
     (b.startsWith("reward") - a.startsWith("reward")) || a.localeCompare(b));
+  // The held-out evaluations around the RL run: before at step 0, after at the last step.
+  const last = Math.max(...metrics.steps.map((st) => st.step));
+  const marks = (metrics.evals || []).map((e) => ({ x: e.key === "before" ? 0 : last, y: e.reward, label: e.label }));
   const boxes = names.map((name) => {
     const pts = metrics.steps.filter((st) => name in st.metrics).map((st) => ({ x: st.step, y: st.metrics[name] }));
-    return curve(name, pts);
+    return curve(name, pts, name === "reward/mean" ? marks : []);
   });
   return h("div.curves", { id: "curves" }, boxes);
 }
