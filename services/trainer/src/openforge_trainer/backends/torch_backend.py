@@ -491,8 +491,9 @@ class TorchBackend:
         """One SFT step: ``agg_loss(-log_prob, loss_mask)``, one update per mini-batch, over
         ``ppo_epochs`` passes (``updates_per_step`` updates; one by default).
 
-        ``loss/sft`` and ``sft/nll_per_token`` are those of the first pass (the batch as the
-        step found it), ``sft/nll_per_token_last`` that of the last pass (before its updates).
+        ``loss/sft`` and ``sft/nll_per_token`` are those of the first pass,
+        ``sft/nll_per_token_last`` that of the last; each mini-batch is measured just before its
+        own update (with one mini-batch: the whole batch before the pass's update).
         """
         started = time.perf_counter()
         minis = self._mini_batches(batch.samples)

@@ -388,8 +388,8 @@ class TrainingLoop:
         ``drop_zero_variance_groups`` it is set aside instead of trained on, and the refill asks
         for another group in its place. After ``max_zero_variance_refills`` groups were set
         aside in this step, the next zero-variance group ends the collection: the step trains on
-        the groups it has, or, when it has none, on the latest ``groups_per_step`` zero-variance
-        groups (all their GRPO/RLOO advantages are 0), so a step never waits for more than
+        the groups it has, or, when it has none, on the latest of the zero-variance groups set
+        aside (at most ``groups_per_step``; all their GRPO/RLOO advantages are 0), so a step never waits for more than
         ``groups_per_step + max_zero_variance_refills`` trainable groups.
         """
         cfg, st = self.config, self.state
