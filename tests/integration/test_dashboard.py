@@ -216,8 +216,8 @@ def _record_run(nats_url: str, proxy: Any, fake: ScriptedInferenceServer, model_
     finished = subject_for("orchestrator", "rollout_finished")
     # The held-out evaluation `openforge train` records before the RL run, under its own run id.
     evals = [_rollout(f"ro-eval-{i}", i) for i in range(2)]
-    for r in evals:
-        r.run_id = f"{RUN}-eval-before"
+    for r in evals:  # a run and a group of their own (a group id is unique across runs)
+        r.run_id, r.group_id = f"{RUN}-eval-before", "g-eval-before"
     asyncio.run(
         _publish(
             nats_url,
