@@ -48,8 +48,9 @@ from typing import Any
 
 import yaml
 
+from openforge_inference.engines.scripted_oracle import SUBMIT_COMMAND, OraclePlans, oracle_completion
+
 ROOT = Path(__file__).resolve().parents[2]
-SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 BASH_TOOL = {
     "type": "function",
     "function": {
@@ -73,15 +74,12 @@ class Task:
     folder: Path
     instruction: str
     files: dict[str, str]
-    steps: tuple[str, ...]
 
     @classmethod
     def load(cls, folder: Path) -> Task:
         files_dir = folder / "environment" / "files"
         files = {p.name: p.read_text() for p in files_dir.iterdir()} if files_dir.is_dir() else {}
-        solve = (folder / "solution" / "solve.sh").read_text().splitlines()
-        steps = tuple(s for s in (x.strip() for x in solve) if s and not s.startswith(("#", "set ", "cd ")))
-        return cls(folder.name, folder, (folder / "instruction.md").read_text().strip(), files, steps)
+        return cls(folder.name, folder, (folder / "instruction.md").read_text().strip(), files)
 
 
 def load_split(root: Path, split: str) -> list[Task]:
@@ -217,7 +215,7 @@ class Reference:
         full = [*ep.messages, {"role": "assistant", "content": completion}]
         if command is None:
             ep.messages = [*full, {"role": "user", "content": self.harness.format_error}]
-        elif command.strip() == SUBMIT:
+        elif command.strip() == SUBMIT_COMMAND:
             ep.done = True
             return
         else:
@@ -282,14 +280,17 @@ class Reference:
             ep.reward = self._verify(ep)
         return eps
 
-    def demonstrations(self, tasks: list[Task]) -> list[Episode]:
-        """The oracle's conversations (the scripted-oracle engine's answers, teacher-forced)."""
+    def demonstrations(self, tasks: list[Task], max_turns: int) -> list[Episode]:
+        """The oracle's conversations, teacher-forced: each answer is the ``scripted-oracle``
+        engine's own (:func:`oracle_completion` on the decoded prompt), for ``max_turns`` turns
+        at most (the submit call ends a conversation)."""
+        plans = {root: OraclePlans(root) for root in {t.folder.parents[1] for t in tasks}}
         eps = []
         for t in tasks:
             ep = self._start(t)
-            for k, cmd in enumerate([*t.steps, SUBMIT]):
-                call = json.dumps({"name": "bash", "arguments": {"command": cmd}})
-                text = f"Step {k + 1}.\n<tool_call>\n{call}\n</tool_call>"
+            for _ in range(max_turns):
+                prompt = self.tok.decode(ep.prompt_ids + ep.response, skip_special_tokens=False)
+                text = oracle_completion(plans[t.folder.parents[1]], prompt)
                 ids = self.tok.encode(text + "<|im_end|>", add_special_tokens=False)
                 self._act(ep, text, ids, [0.0] * len(ids))
                 if ep.done:
@@ -374,7 +375,7 @@ def reference_main(argv: list[str]) -> int:
     if args.sft_steps:
         sft = Reference(model, args.settings, {"learning_rate": args.sft_lr, "seed": args.seed})
         picked = [t for t in train if t.task_id in args.demo_tasks.split(",")] if args.demo_tasks else train
-        demos = sft.samples(sft.demonstrations(picked), "sft")
+        demos = sft.samples(sft.demonstrations(picked, args.max_turns), "sft")
         for step in range(args.sft_steps):
             m = sft.train(demos, sft=True)
             if step % 10 == 0 or step == args.sft_steps - 1:
