@@ -6,8 +6,11 @@
   loaded, NATS connected...), and again NOT_SERVING from the first moment of
   shutdown or when the service reports itself unhealthy.
 * Server reflection (``grpc.reflection.v1alpha``) for grpcurl and friends.
-* :class:`~openforge_core.rpc.interceptor.ErrorMappingInterceptor` for errors
-  and the OpenTelemetry aio server interceptor for traces.
+* :class:`~openforge_core.rpc.interceptor.ErrorMappingInterceptor` for errors,
+  :class:`~openforge_core.rpc.validation.RequestValidationInterceptor` so a request that does
+  not decode, or whose string fields break :mod:`openforge_core.field_rules`, is
+  INVALID_ARGUMENT with a field violation before any handler runs, and the OpenTelemetry aio
+  server interceptor for traces.
 * Graceful shutdown: on SIGTERM or SIGINT, health turns NOT_SERVING
   (``enter_graceful_shutdown``), then ``stop(grace)`` lets in-flight RPCs finish
   for ``graceful_shutdown_s`` seconds.
@@ -26,6 +29,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from openforge_core.rpc.interceptor import ErrorMappingInterceptor
+from openforge_core.rpc.validation import RequestValidationInterceptor
 from openforge_core.settings import GrpcServerSettings
 
 log = structlog.get_logger(__name__)
@@ -64,6 +68,8 @@ class GrpcServer:
             # which the OpenTelemetry stream wrapper does not support).
             aio_server_interceptor(filter_=filters.negate(filters.service_name(HEALTH_SERVICE))),
             ErrorMappingInterceptor(),
+            # Innermost: its InvalidArgument is mapped by the interceptor above.
+            RequestValidationInterceptor(),
         ]
         self._server = grpc.aio.server(interceptors=interceptors, options=options)
         for reg in register:
