@@ -83,6 +83,7 @@ class OrchestratorApp:
         )
 
     async def start(self) -> None:
+        await self.backend.start()
         await self.events.connect()
         await self.events.ensure_stream("orchestrator")
 

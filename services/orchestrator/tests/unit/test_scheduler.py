@@ -100,6 +100,9 @@ class FakeBackend:
         finally:
             self.running -= 1
 
+    async def start(self) -> None:
+        pass
+
     async def close(self) -> None:
         pass
 

@@ -68,6 +68,10 @@ class Limiter(Protocol):
         """A new cgroup with ``limits``, or None when this limiter enforces none."""
         ...
 
+    def remove(self, name: str) -> None:
+        """SIGKILLs what is left in the cgroup(s) called ``name`` and removes them (if any)."""
+        ...
+
 
 class _Dirs:
     def __init__(self, dirs: list[Path]) -> None:
@@ -128,6 +132,10 @@ class V2Limiter:
             (d / "cpu.max").write_text(f"{int(limits.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
         return _Dirs([d])
 
+    def remove(self, name: str) -> None:
+        if (self.parent / name).is_dir():
+            _Dirs([self.parent / name]).kill_and_remove()
+
 
 class V1Limiter:
     """cgroup v1: one cgroup per sandbox in each of the memory, pids and cpu hierarchies."""
@@ -149,6 +157,11 @@ class V1Limiter:
         (dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(int(limits.cpus * CPU_PERIOD_US)))
         return _Dirs(list(dirs.values()))
 
+    def remove(self, name: str) -> None:
+        dirs = [p / name for p in self.parents.values() if (p / name).is_dir()]
+        if dirs:
+            _Dirs(dirs).kill_and_remove()
+
 
 class NoLimiter:
     """No cgroup is writable here: limits are not enforced (logged once)."""
@@ -156,6 +169,9 @@ class NoLimiter:
     kind = "none"
 
     def create(self, name: str, limits: Limits) -> Cgroup | None:
+        return None
+
+    def remove(self, name: str) -> None:
         return None
 
 

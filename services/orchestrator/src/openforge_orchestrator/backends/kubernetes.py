@@ -791,6 +791,10 @@ class KubernetesBackend:
         except (OSError, urllib3.exceptions.HTTPError) as exc:
             log.warning(LOG_CLEANUP_FAILED, rollout_id=rollout_id, job=name, error=str(exc))
 
+    async def start(self) -> None:
+        """Nothing to prepare: a Job of a crashed orchestrator ends at its deadline, and its
+        Secret and NetworkPolicy go with it (owner references, ``ttlSecondsAfterFinished``)."""
+
     async def close(self) -> None:
         """Stops every watch and closes the API client."""
         with self._lock:

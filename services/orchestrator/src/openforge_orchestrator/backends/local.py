@@ -31,18 +31,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import structlog
 
@@ -102,6 +107,12 @@ LOG_PREPARED = "sandbox.workspace_prepared"
 LOG_STARTED = "sandbox.started"
 LOG_TIMEOUT = "sandbox.timeout"
 LOG_REMOVED = "sandbox.removed"
+LOG_STALE = "sandbox.stale_removed"
+
+#: Suffix of the lock file each live sandbox's orchestrator holds (``<root>/<name>.lock``).
+LOCK_SUFFIX = ".lock"
+#: A sandbox's name: ``<rollout_id>-<6 hex>``, as :meth:`LocalBackend.execute` makes it.
+_SANDBOX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}-[0-9a-f]{6}")
 
 
 def _read_tail(path: Path, limit: int = _OUTPUT_TAIL) -> str:
@@ -123,6 +134,52 @@ def _tree_digest(folder: Path) -> str:
             if p.is_file() and not p.is_symlink():
                 h.update(p.read_bytes())
     return h.hexdigest()
+
+
+def write_private(path: Path, text: str) -> None:
+    """Creates ``path`` with ``text``, mode 0600 from its creation (never readable by others).
+
+    Raises:
+        FileExistsError: ``path`` exists (or is a link): nothing is written through it.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def remove_tree(path: Path) -> None:
+    """Removes ``path`` and everything below, also folders a harness made unwritable."""
+
+    def retry(func: object, failed: str, _exc: object) -> None:
+        parent = os.path.dirname(failed)
+        with contextlib.suppress(OSError):
+            os.chmod(parent, 0o700)
+            if os.path.isdir(failed) and not os.path.islink(failed):
+                os.chmod(failed, 0o700)
+                shutil.rmtree(failed, ignore_errors=True)
+            else:
+                os.unlink(failed)
+
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, onerror=retry)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a folder only this user can use, created 0700 when missing.
+
+    Raises:
+        SandboxStartError: It exists but is a link, not a folder, someone else's, or open to
+            other users (a shared folder such as ``/tmp`` could hold one planted by another user).
+    """
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700, parents=True)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise SandboxStartError(f"{path} must be a folder of uid {os.getuid()} with mode 0700")
+    return path
 
 
 @dataclass
@@ -157,12 +214,104 @@ class LocalBackend:
         #: Task key → its prepared workspace folder (task folders are read once per process).
         self._prepared: dict[str, Path] = {}
         self._static: Path | None = None
+        self._sockets: Path | None = None
+        #: The :meth:`execute` calls in flight (cancelled by :meth:`close`).
+        self._running: set[asyncio.Task[Any]] = set()
         self.python = os.path.realpath(sys.executable)
         self.python_prefix = os.path.realpath(sys.base_prefix)
 
     # --- set-up shared by every sandbox -----------------------------------------------------
 
+    async def start(self) -> None:
+        """Prepares the sandbox root and removes what a crashed orchestrator left in it.
+
+        Raises:
+            SandboxStartError: The root or the socket folder is not private to this user.
+        """
+        await asyncio.to_thread(self._ensure_dirs)
+
+    def _ensure_dirs(self) -> Path:
+        """The root (0700) and the socket folder, set up once; the first call cleans stale sandboxes."""
+        if self._sockets is None:
+            private_dir(self.root)
+            # AF_UNIX paths are limited to 107 bytes: sockets live in a short private folder.
+            sockets = private_dir(Path(tempfile.gettempdir()) / f"openforge-{os.getuid()}")
+            if self._limiter is None:
+                self._limiter = cgroups.detect()
+            self._sockets = sockets
+            self.clean_stale()
+        return self._sockets
+
+    def clean_stale(self) -> int:
+        """Removes the sandboxes under the root whose orchestrator is gone; returns how many.
+
+        Every sandbox ``<root>/<name>`` has a lock file ``<root>/<name>.lock``, created before
+        the sandbox and held (``flock``) by its orchestrator until the sandbox, its proxy
+        socket and its cgroup are removed. A lock file nobody holds marks what a crashed
+        orchestrator left (the kernel drops the lock of a killed process); a held one, a
+        sandbox of a live orchestrator sharing the root, is left alone. Nothing is removed
+        but the sandbox folder, its socket and its cgroup, all named after the lock file.
+        """
+        sockets = self._sockets
+        assert sockets is not None and self._limiter is not None
+        removed = 0
+        for lock in sorted(self.root.glob(f"*{LOCK_SUFFIX}")):
+            name = lock.name[: -len(LOCK_SUFFIX)]
+            if not _SANDBOX_NAME.fullmatch(name):
+                continue
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # its orchestrator is alive
+                if not self._still_at(lock, fd):
+                    continue
+                sb = self.root / name
+                sock = sockets / f"{self._ident(sb)}.sock"
+                with contextlib.suppress(FileNotFoundError):
+                    if stat.S_ISSOCK(sock.lstat().st_mode):
+                        sock.unlink()
+                self._limiter.remove(self._cgroup_name(sb))
+                remove_tree(sb)
+                lock.unlink()
+                removed += 1
+            finally:
+                os.close(fd)
+        if removed:
+            log.info(LOG_STALE, root=str(self.root), sandboxes=removed)
+        return removed
+
+    @staticmethod
+    def _still_at(path: Path, fd: int) -> bool:
+        try:
+            return os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            return False
+
+    @staticmethod
+    def _ident(sb: Path) -> str:
+        """A short id unique to the sandbox's path (names its socket and cgroup)."""
+        return hashlib.sha256(str(sb).encode()).hexdigest()[:16]
+
+    def _cgroup_name(self, sb: Path) -> str:
+        return f"{sb.name[:40]}-{self._ident(sb)[:8]}"
+
+    def _claim(self, name: str) -> int:
+        """Creates and locks ``<root>/<name>.lock``; returns its descriptor (see :meth:`clean_stale`)."""
+        lock = self.root / f"{name}{LOCK_SUFFIX}"
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not self._still_at(lock, fd):  # a cleaner took it between creation and lock
+            os.close(fd)
+            raise OSError(errno.EAGAIN, f"the lock file of {name} was removed")
+        return fd
+
     def _ensure_ready(self) -> str:
+        self._ensure_dirs()
         if self._bwrap is None:
             found = shutil.which(self.settings.bwrap)
             if found is None:
@@ -170,9 +319,6 @@ class LocalBackend:
                     f"bubblewrap not found ({self.settings.bwrap!r}): apt-get install -y bubblewrap"
                 )
             self._bwrap = found
-        if self._limiter is None:
-            self._limiter = cgroups.detect()
-        self.root.mkdir(parents=True, exist_ok=True)
         self.cache.mkdir(parents=True, exist_ok=True)
         if self._static is None:
             static = self.root / ".static"
@@ -373,31 +519,34 @@ class LocalBackend:
         t0_wall, t0 = time.time(), time.monotonic()
         bwrap = self._ensure_ready()
         template = await self.prepare_workspace(plan.task)
-        name = f"{plan.rollout_id}-{secrets.token_hex(3)}"
+        name = f"{re.sub(r'[^A-Za-z0-9_-]', '_', plan.rollout_id)[:64] or 'sandbox'}-{secrets.token_hex(3)}"
         sb = self.root / name
         cgroup: cgroups.Cgroup | None = None
         server: asyncio.AbstractServer | None = None
         socket_path: Path | None = None
+        lock_fd: int | None = None
         connections = [0]
+        task = asyncio.current_task()
+        if task is not None:
+            self._running.add(task)
         try:
             try:
+                lock_fd = self._claim(name)
+                sb.mkdir(mode=0o700)
                 for sub in ("home", "logs/agent", "logs/verifier", "run", "out"):
                     (sb / sub).mkdir(parents=True)
                 await asyncio.to_thread(shutil.copytree, template, sb / "app", symlinks=True)
                 if plan.launch is not None:
                     self._write_files(sb, plan.launch)
                 if plan.with_proxy:
-                    # AF_UNIX paths are limited to 107 bytes: the socket lives in a short folder
-                    # and is bind-mounted into the sandbox over a placeholder file.
-                    sockets = Path(tempfile.gettempdir()) / f"openforge-{os.getuid()}"
-                    sockets.mkdir(mode=0o700, exist_ok=True)
-                    socket_path = sockets / f"{secrets.token_hex(8)}.sock"
+                    # bind-mounted into the sandbox over a placeholder file
+                    socket_path = self._ensure_dirs() / f"{self._ident(sb)}.sock"
                     server = await asyncio.start_unix_server(
                         lambda r, w: self._forward(r, w, connections), path=str(socket_path)
                     )
                     (sb / "run" / "proxy.sock").touch()
                 assert self._limiter is not None
-                cgroup = self._limiter.create(name, self._limits(plan.task))
+                cgroup = self._limiter.create(self._cgroup_name(sb), self._limits(plan.task))
             except OSError as exc:
                 raise SandboxStartError(f"could not set up the sandbox: {exc}") from exc
             run = await self._run_agent(bwrap, plan, sb, cgroup, socket_path)
@@ -425,13 +574,19 @@ class LocalBackend:
                 artifacts=artifacts,
             )
         finally:
+            # nothing here awaits: a second cancellation cannot cut the clean-up short
             if server is not None:
                 server.close()
             if socket_path is not None:
                 socket_path.unlink(missing_ok=True)
             if cgroup is not None:
                 cgroup.kill_and_remove()
-            shutil.rmtree(sb, ignore_errors=True)
+            if lock_fd is not None:  # what a sandbox holds goes before its lock file
+                remove_tree(sb)
+                (self.root / f"{name}{LOCK_SUFFIX}").unlink(missing_ok=True)
+                os.close(lock_fd)
+            if task is not None:
+                self._running.discard(task)
             log.debug(LOG_REMOVED, rollout_id=plan.rollout_id, seconds=round(time.monotonic() - t0, 3))
 
     def _write_files(self, sb: Path, launch: HarnessLaunch) -> None:
@@ -440,8 +595,8 @@ class LocalBackend:
             for prefix, host in ((SANDBOX_HOME, sb / "home"), (SANDBOX_RUN, sb / "run")):
                 if PurePosixPath(prefix) in p.parents:
                     out = host / p.relative_to(prefix)
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    out.write_text(content)
+                    out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    write_private(out, content)  # any of them may hold the rollout's key
                     break
             else:
                 raise SandboxStartError(f"harness file {path} is outside {SANDBOX_HOME} and {SANDBOX_RUN}")
@@ -517,7 +672,7 @@ class LocalBackend:
             "monitor": self.settings.monitor_network,
             "nofile": self.settings.nofile,
         }
-        (sb / "run" / "config.json").write_text(json.dumps(config))
+        write_private(sb / "run" / "config.json", json.dumps(config))  # holds the key (env)
         args += [
             "--chdir",
             workdir,
@@ -664,4 +819,8 @@ class LocalBackend:
         return str(dest)
 
     async def close(self) -> None:
-        """Nothing is held between rollouts."""
+        """Cancels the rollouts still running here and waits until their sandboxes are removed."""
+        running = [t for t in self._running if not t.done()]
+        for t in running:
+            t.cancel()
+        await asyncio.gather(*running, return_exceptions=True)

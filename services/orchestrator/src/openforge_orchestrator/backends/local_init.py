@@ -14,7 +14,8 @@ outside them) and gives the harness none. Design (see ``backends/local.py``):
    report descriptor the host passed in. The harness cannot read or write that descriptor:
    it is close-on-exec, and ``/proc/1/fd`` needs capabilities the harness does not have.
 3. ``127.0.0.1:<port>`` is bridged to the bind-mounted unix socket ``/run/openforge/proxy.sock``,
-   whose other end (on the host) connects to the proxy: the one way out.
+   whose other end (on the host) connects to the proxy: the one way out. One thread serves
+   every connection (:class:`Bridge`), so connection churn costs no process or thread.
 4. The harness is forked and exec'ed (no asyncio or subprocess import: this process's start-up
    is part of every sandbox's start latency) with an empty capability set (bounding, ambient, permitted, effective,
    inheritable) and ``no_new_privs``; its exit status becomes this process's.
@@ -27,9 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import resource
+import selectors
 import socket
 import struct
 import sys
@@ -145,41 +148,138 @@ def drop_capabilities(nofile: int) -> None:
         os._exit(126)
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while chunk := src.recv(65536):
-            dst.sendall(chunk)
-    except OSError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
+class _Pair:
+    """One bridged connection: the harness's end (``down``) and the proxy socket's (``up``)."""
+
+    __slots__ = ("down", "down_eof", "to_down", "to_up", "up", "up_eof", "up_shut")
+
+    def __init__(self, down: socket.socket, up: socket.socket) -> None:
+        self.down, self.up = down, up
+        self.to_up, self.to_down = bytearray(), bytearray()
+        self.down_eof = self.up_eof = self.up_shut = False
 
 
-def _bridge_one(path: str, conn: socket.socket) -> None:
-    up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        up.connect(path)
-    except OSError:
-        conn.close()
-        up.close()
-        return
-    back = threading.Thread(target=_pump, args=(up, conn), daemon=True)
-    back.start()
-    _pump(conn, up)
-    back.join()
-    conn.close()
-    up.close()
+class Bridge:
+    """Joins each connection on ``127.0.0.1:<port>`` to the proxy's unix socket, in one thread.
 
+    One ``selectors`` loop serves every connection: a connection costs two descriptors and no
+    thread or process, so connection churn cannot reach the sandbox's pids limit (a thread per
+    connection did, and the failed thread start ended the bridge for good). A connection ends
+    when the harness resets it, or when the proxy side ends (the host closes its end of the unix
+    socket both ways, so nothing more can pass) and what it sent was delivered; the harness
+    half-closing is passed on as a half-close. Out of descriptors, the bridge pauses accepting
+    briefly instead of failing.
 
-def bridge(listener: socket.socket, path: str) -> None:
-    """Accepts on ``127.0.0.1:<port>`` and joins each connection to the proxy's unix socket."""
-    while True:
+    Args:
+        listener: The bound, listening TCP socket.
+        path: The proxy's unix socket.
+    """
+
+    #: Bytes held per direction before reading from the sending side pauses.
+    BUFFER = 1 << 18
+    #: Seconds accepting pauses when the process is out of descriptors.
+    PAUSE_S = 0.05
+
+    def __init__(self, listener: socket.socket, path: str) -> None:
+        self.listener, self.path = listener, path
+        listener.setblocking(False)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(listener, selectors.EVENT_READ)
+        self.pairs: set[_Pair] = set()
+        self._paused_until = 0.0
+
+    def serve_forever(self) -> None:
+        """Runs until the listener is closed."""
+        while True:
+            timeout = None
+            if self._paused_until:
+                timeout = self._paused_until - time.monotonic()
+                if timeout <= 0:
+                    self.selector.register(self.listener, selectors.EVENT_READ)
+                    self._paused_until, timeout = 0.0, None
+            for key, mask in self.selector.select(timeout):
+                if key.data is None:
+                    if not self._accept():
+                        return
+                else:
+                    pair, is_up = key.data
+                    self._step(pair, is_up, mask)
+
+    def _accept(self) -> bool:
+        while True:
+            try:
+                down, _ = self.listener.accept()
+            except BlockingIOError:
+                return True
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self.selector.unregister(self.listener)
+                    self._paused_until = time.monotonic() + self.PAUSE_S
+                    return True
+                return exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR)
+            up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                up.settimeout(5.0)
+                up.connect(self.path)
+            except OSError:
+                up.close()
+                down.close()
+                continue
+            down.setblocking(False)
+            up.setblocking(False)
+            pair = _Pair(down, up)
+            self.pairs.add(pair)
+            self._watch(pair)
+
+    def _step(self, pair: _Pair, is_up: bool, mask: int) -> None:
+        sock = pair.up if is_up else pair.down
         try:
-            conn, _ = listener.accept()
+            if mask & selectors.EVENT_READ:
+                chunk = sock.recv(self.BUFFER)
+                if not chunk:
+                    if is_up:
+                        pair.up_eof = True
+                    else:
+                        pair.down_eof = True
+                (pair.to_down if is_up else pair.to_up).extend(chunk)
+            if mask & selectors.EVENT_WRITE:
+                out = pair.to_up if is_up else pair.to_down
+                del out[: sock.send(out)]
+        except (BlockingIOError, InterruptedError):
+            pass
         except OSError:
+            self._close(pair)
             return
-        threading.Thread(target=_bridge_one, args=(path, conn), daemon=True).start()
+        if pair.down_eof and not pair.to_up and not pair.up_shut:
+            pair.up_shut = True
+            with contextlib.suppress(OSError):
+                pair.up.shutdown(socket.SHUT_WR)
+        if pair.up_eof and not pair.to_down:
+            self._close(pair)
+            return
+        self._watch(pair)
+
+    def _watch(self, pair: _Pair) -> None:
+        for sock, reading, pending in (
+            (pair.down, not pair.down_eof and len(pair.to_up) < self.BUFFER, pair.to_down),
+            (pair.up, not pair.up_eof and len(pair.to_down) < self.BUFFER, pair.to_up),
+        ):
+            events = (selectors.EVENT_READ if reading else 0) | (selectors.EVENT_WRITE if pending else 0)
+            key = self.selector.get_map().get(sock)
+            if key is None:
+                if events:
+                    self.selector.register(sock, events, (pair, sock is pair.up))
+            elif not events:
+                self.selector.unregister(sock)
+            elif key.events != events:
+                self.selector.modify(sock, events, key.data)
+
+    def _close(self, pair: _Pair) -> None:
+        self.pairs.discard(pair)
+        for sock in (pair.down, pair.up):
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(sock)
+            sock.close()
 
 
 def spawn(argv: list[str], env: dict[str, str], cwd: str, nofile: int) -> int:
@@ -203,6 +303,9 @@ def main() -> int:
     with open(sys.argv[1]) as f:
         cfg = json.load(f)
     report = Report(int(cfg["report_fd"]))
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):  # the bridge's descriptors; the harness gets ``nofile``
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     sniffer: socket.socket | None = None
     if cfg.get("monitor"):
         add_local_default_route(socket.AF_INET)
@@ -216,14 +319,15 @@ def main() -> int:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", int(cfg["bridge_port"])))
-        listener.listen(128)
+        listener.listen(1024)
     # Python's sockets are close-on-exec: the harness inherits none of them.
     pid = spawn(cfg["argv"], cfg["env"], cfg["cwd"], int(cfg.get("nofile", 4096)))
     report.write("started", pid=pid)
     if sniffer is not None:
         threading.Thread(target=sniff, args=(sniffer, report), daemon=True).start()
     if listener is not None:
-        threading.Thread(target=bridge, args=(listener, str(cfg.get("proxy_socket", ""))), daemon=True).start()
+        bridge = Bridge(listener, str(cfg.get("proxy_socket", "")))
+        threading.Thread(target=bridge.serve_forever, daemon=True).start()
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     time.sleep(0.05)  # let the sniffer read what the last packets left in its buffer

@@ -133,6 +133,14 @@ class SandboxBackend(Protocol):
     #: The proxy's base URL as a harness inside the sandbox reaches it (no trailing slash).
     proxy_base_url: str
 
+    async def start(self) -> None:
+        """Prepares the backend before the first rollout; removes what a crashed predecessor left.
+
+        Raises:
+            SandboxStartError: The backend's own folders cannot be used safely.
+        """
+        ...
+
     async def execute(self, plan: ExecutionPlan) -> ExecutionResult:
         """Runs the harness (or the oracle), then the verifier; removes the sandbox.
 
@@ -143,5 +151,5 @@ class SandboxBackend(Protocol):
         ...
 
     async def close(self) -> None:
-        """Releases clients and stops anything still running."""
+        """Releases clients and stops anything still running (its clean-up done)."""
         ...
