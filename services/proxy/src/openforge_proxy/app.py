@@ -107,7 +107,15 @@ class ProxyApp:
             max_heads=settings.max_heads,
             default_max_tokens=settings.default_max_tokens,
         )
-        self.http = HttpServer(self.handler, settings.http.host, settings.http.port, settings.http.max_body_bytes)
+        http = settings.http
+        self.http = HttpServer(
+            self.handler,
+            http.host,
+            http.port,
+            http.max_body_bytes,
+            header_timeout_s=http.header_timeout_s,
+            body_timeout_s=http.body_timeout_s,
+        )
         self._sweeper: asyncio.Task[None] | None = None
         self._warm: asyncio.Task[None] | None = None
 

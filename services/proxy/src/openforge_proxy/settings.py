@@ -20,12 +20,20 @@ class HttpSettings(_Section):
         host: Interface to bind; ``0.0.0.0`` in a container.
         port: TCP port; 0 picks a free one (logged as ``http.started``).
         max_body_bytes: Largest request body after decompression, bytes
-            (Claude Code's bodies are about 50-160 KB; long sessions grow).
+            (Claude Code's bodies are about 50-160 KB; long sessions grow). Checked while
+            the body is read: a larger one is refused (413) before it is parsed.
+        header_timeout_s: Most seconds for a request's line and headers to arrive, from its
+            first byte (from the connection's opening for its first request); the connection
+            is closed after (408). 0 = no limit. Idle kept-alive connections are not affected.
+        body_timeout_s: Most seconds for a request's whole body to arrive once its headers
+            did (408 after, and the connection is closed). 0 = no limit.
     """
 
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    header_timeout_s: float = Field(default=15.0, ge=0)
+    body_timeout_s: float = Field(default=120.0, ge=0)
 
 
 class ModelSettings(_Section):

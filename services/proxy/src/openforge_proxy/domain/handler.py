@@ -33,7 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import orjson
 import structlog
@@ -51,7 +51,7 @@ from openforge_proxy.domain.record import CallRecordData, Recorder, RecordTooLar
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.scrub import BodyScrubber, scrub_headers
 from openforge_proxy.domain.sessions import Session, SessionRegistry
-from openforge_proxy.domain.splice import PromptPlan, Splicer, turn_id_of
+from openforge_proxy.domain.splice import PromptPlan, PromptTooLong, Splicer, turn_id_of
 
 log = structlog.get_logger(__name__)
 
@@ -63,6 +63,11 @@ EV_AFTER_FINISH = "call.engine_after_finish"
 
 #: Completion-token cap when neither the harness nor the session gives one.
 DEFAULT_MAX_TOKENS = 4096
+#: Request bodies from this size (bytes) are parsed, rendered and tokenized in a worker thread,
+#: so that other sessions' calls are served meanwhile.
+OFFLOAD_MIN_BYTES = 1 << 20
+
+_T = TypeVar("_T")
 
 
 class ClientGone(Exception):
@@ -133,6 +138,16 @@ class SessionCalls:
         # the last call key's hash: (tools key, bytes starting with the prompt hashed, the
         # prompt's length, the hash state after it)
         self._key: tuple[str, bytes, int, hashlib.blake2b] | None = None
+
+    def drop_caches(self) -> None:
+        """Forgets what was kept from earlier requests only to make the next one cheaper (parsed
+        bodies and conversations, renders, encoded chunks, the last call key's hash): a refused
+        request leaves nothing behind. The calls seen, generated turns and record bases stay."""
+        self.anthropic = ConversationMemo()
+        self.chat = ConversationMemo()
+        self.body = BodyMemo()
+        self._key = None
+        self.splicer.drop_caches()
 
     def call_key(self, tools_key: str, packed: bytes) -> str:
         """The call's identity: hex BLAKE2b-128 of ``tools_key`` (UTF-8) then ``packed`` (the
@@ -257,6 +272,9 @@ class CallHandler:
         recorder: Stores call records.
         max_heads: Conversation views kept per session.
         default_max_tokens: Completion cap when nothing else gives one.
+        offload_min_bytes: Bodies from this size (bytes) are parsed, rendered and tokenized in
+            a worker thread (one at a time per session, and only while none of the session's
+            calls is in flight); smaller ones on the event loop.
     """
 
     def __init__(
@@ -268,6 +286,7 @@ class CallHandler:
         *,
         max_heads: int = 4,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        offload_min_bytes: int = OFFLOAD_MIN_BYTES,
     ) -> None:
         self._sessions = sessions
         self._engine = engine
@@ -276,6 +295,11 @@ class CallHandler:
         self._max_heads = max_heads
         self._default_max = default_max_tokens
         self._states: dict[str, SessionCalls] = {}
+        self._offload_min = offload_min_bytes
+        # per session: the lock its requests are prepared under (present while one is held or
+        # awaited) and its calls admitted and not yet answered
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._in_flight: dict[str, int] = {}
         self._draining: set[asyncio.Future[None]] = set()
         sessions.on_end.append(self.forget)
 
@@ -334,11 +358,14 @@ class CallHandler:
             except orjson.JSONEncodeError as exc:
                 raise _too_deep(exc) from exc
             _check_model(session, canonical.model)
-            state = self._state(session.rollout_id, runtime)
-            try:
-                plan = state.splicer.build(canonical.messages, canonical.tools)
-            except Exception as exc:  # the template refused the conversation
-                raise ApiError(ErrorKind.INVALID_REQUEST, f"the conversation cannot be rendered: {exc}") from exc
+            async with self._session_lock(session.rollout_id):
+                prior = self._states.get(session.rollout_id)
+                state = self._state(session.rollout_id, runtime)
+                try:
+                    plan = _build(state, canonical)
+                except ApiError:
+                    self._refused(session.rollout_id, prior)
+                    raise
         except ApiError as err:
             status, payload, _ = error_response(wire, err, new_request_id())
             return status, payload
@@ -391,6 +418,7 @@ class CallHandler:
                     sorted(runtime.eos_ids),
                     max_heads=self._max_heads,
                     template_kwargs=runtime.template_kwargs,
+                    max_prompt_tokens=max(runtime.info.context_length - 1, 0),
                 ),
                 bodies,
             )
@@ -421,37 +449,70 @@ class CallHandler:
         try:
             await self._serve(prepared, prepared.body, headers, responder, request_id, received, receive_time)
         finally:
+            rid = prepared.session.rollout_id
+            left = self._in_flight.get(rid, 1) - 1
+            if left > 0:
+                self._in_flight[rid] = left
+            else:
+                self._in_flight.pop(rid, None)
             if not prepared.settled:  # not served: what it reserved is free again
                 self._sessions.release(prepared.session, prepared.reserved)
 
+    @contextlib.asynccontextmanager
+    async def _session_lock(self, rollout_id: str) -> AsyncIterator[None]:
+        """Holds the session's lock: one request of a session is prepared at a time (its
+        conversion and splice state is not shared with a worker thread)."""
+        lock = self._locks.get(rollout_id)
+        if lock is None:
+            lock = self._locks[rollout_id] = asyncio.Lock()
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and self._locks.get(rollout_id) is lock:
+                del self._locks[rollout_id]
+
+    def _refused(self, rollout_id: str, prior: SessionCalls | None) -> None:
+        """A request of the session was refused: what it left in the session's state goes (a
+        state it created, else the caches it filled)."""
+        state = self._states.get(rollout_id)
+        if state is None:
+            return
+        if prior is None:
+            del self._states[rollout_id]
+        else:
+            state.drop_caches()
+
     async def _prepare(self, wire: WireApi, body: bytes, headers: Mapping[str, str]) -> _Prepared:
         session = self._authenticate(headers)
-        prior = self._states.get(session.rollout_id)
+        rid = session.rollout_id
+        async with self._session_lock(rid):
+            prior = self._states.get(rid)
+            # a large body is converted in a worker thread; never while a call of the session is
+            # in flight (it commits its turn to the same splice state on the event loop)
+            offload = len(body) >= self._offload_min and not self._in_flight.get(rid)
+            try:
+                prepared = await self._prepare_locked(wire, body, session, prior, offload)
+            except BaseException:
+                self._refused(rid, prior)
+                raise
+            self._in_flight[rid] = self._in_flight.get(rid, 0) + 1
+            return prepared
+
+    async def _prepare_locked(
+        self, wire: WireApi, body: bytes, session: Session, prior: SessionCalls | None, offload: bool
+    ) -> _Prepared:
         bodies = prior.body if prior is not None else BodyMemo()
-        parsed, body = self._parse_json(body, bodies)
+        if offload:
+            parsed, body = await _off_loop(self._parse_json, body, bodies)
+        else:
+            parsed, body = self._parse_json(body, bodies)
         runtime = await self._load_runtime()
         state = self._state(session.rollout_id, runtime, bodies)
-        try:
-            if wire is WireApi.OPENAI_RESPONSES:
-                request = responses.parse(parsed, state.splicer.turn_of_ref)
-            elif wire is WireApi.ANTHROPIC_MESSAGES:
-                request = anthropic.parse(parsed, state.anthropic)
-            else:
-                request = chat.parse(parsed, state.chat)
-        except InvalidArgument as exc:
-            raise ApiError(ErrorKind.INVALID_REQUEST, exc.message) from exc
-        except orjson.JSONEncodeError as exc:
-            raise _too_deep(exc) from exc
-        _check_model(session, request.model)
-        try:
-            tools = state.splicer.tools_key(request.tools)
-            canonical_json = request.record_json()
-        except orjson.JSONEncodeError as exc:
-            raise _too_deep(exc) from exc
-        try:
-            plan = state.splicer.build(request.messages, request.tools, tools_of=tools)
-        except Exception as exc:  # the template refused the conversation
-            raise ApiError(ErrorKind.INVALID_REQUEST, f"the conversation cannot be rendered: {exc}") from exc
+        if offload:
+            request, tools, canonical_json, plan = await _off_loop(_convert, wire, parsed, state, session)
+        else:
+            request, tools, canonical_json, plan = _convert(wire, parsed, state, session)
         # The call's identity is the prompt the engine would see (and the tools): the same
         # conversation sent again renders to the same ids, whatever the harness changed that
         # the model does not see. Hashing the packed ids (~2 bytes a token) is cheaper than
@@ -758,6 +819,63 @@ class CallHandler:
             responses.prepare_ids(out, p.request)
         else:
             chat.prepare_ids(out)
+
+
+def _build(
+    state: SessionCalls, request: CanonicalRequest, tools: tuple[str, list[dict[str, Any]]] | None = None
+) -> PromptPlan:
+    """The request's prompt plan.
+
+    Raises:
+        ApiError: The prompt cannot fit the context, or the template refused the conversation.
+    """
+    try:
+        return state.splicer.build(request.messages, request.tools, tools_of=tools)
+    except PromptTooLong as exc:
+        raise ApiError(ErrorKind.INVALID_REQUEST, str(exc)) from exc
+    except Exception as exc:  # the template refused the conversation
+        raise ApiError(ErrorKind.INVALID_REQUEST, f"the conversation cannot be rendered: {exc}") from exc
+
+
+def _convert(
+    wire: WireApi, parsed: dict[str, Any], state: SessionCalls, session: Session
+) -> tuple[CanonicalRequest, tuple[str, list[dict[str, Any]]], bytes, PromptPlan]:
+    """A parsed body into its canonical request, tools key, recorded canonical JSON and prompt
+    plan (the CPU-heavy part of a call's preparation; touches only the session's state).
+
+    Raises:
+        ApiError: The request is invalid, names another model, or cannot be rendered or fit.
+    """
+    try:
+        if wire is WireApi.OPENAI_RESPONSES:
+            request = responses.parse(parsed, state.splicer.turn_of_ref)
+        elif wire is WireApi.ANTHROPIC_MESSAGES:
+            request = anthropic.parse(parsed, state.anthropic)
+        else:
+            request = chat.parse(parsed, state.chat)
+    except InvalidArgument as exc:
+        raise ApiError(ErrorKind.INVALID_REQUEST, exc.message) from exc
+    except orjson.JSONEncodeError as exc:
+        raise _too_deep(exc) from exc
+    _check_model(session, request.model)
+    try:
+        tools = state.splicer.tools_key(request.tools)
+        canonical_json = request.record_json()
+    except orjson.JSONEncodeError as exc:
+        raise _too_deep(exc) from exc
+    return request, tools, canonical_json, _build(state, request, tools)
+
+
+async def _off_loop(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` in a worker thread. If the caller is cancelled meanwhile, it still waits for
+    the thread to end (what it touches is not used by two threads at once), then re-raises."""
+    future = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await future
+        raise
 
 
 @dataclass

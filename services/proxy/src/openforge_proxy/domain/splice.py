@@ -486,6 +486,20 @@ def _same(a: Message, b: Message) -> bool:
         return False
 
 
+class PromptTooLong(Exception):
+    """The prompt cannot fit: refused before its text is tokenized.
+
+    Attributes:
+        at_least: A lower bound of its length, tokens.
+        maximum: The most tokens a prompt may have.
+    """
+
+    def __init__(self, at_least: int, maximum: int) -> None:
+        super().__init__(f"prompt is too long: at least {at_least} tokens > {maximum} maximum")
+        self.at_least = at_least
+        self.maximum = maximum
+
+
 class Splicer:
     """Builds prompts for one session and remembers its generated turns.
 
@@ -498,6 +512,9 @@ class Splicer:
         max_heads: Conversation views kept (one per live thread: main agent,
             sub-agents, recent retries).
         template_kwargs: Extra template variables.
+        max_prompt_tokens: Longest prompt, tokens (0 = no limit): a text whose length alone
+            shows the prompt would be longer is refused before it is tokenized
+            (:class:`PromptTooLong`).
     """
 
     def __init__(
@@ -511,8 +528,11 @@ class Splicer:
         max_heads: int = 4,
         max_cache_chars: int = 8_000_000,
         template_kwargs: dict[str, Any] | None = None,
+        max_prompt_tokens: int = 0,
     ) -> None:
         self._tpl = template
+        self._max_prompt = max_prompt_tokens
+        self._max_cache_chars = max_cache_chars
         self._fam = family
         self._codec = codec
         self._eot = set(eot_ids)
@@ -536,6 +556,18 @@ class Splicer:
         self._forms: _Forms | None = None  # the last render's template forms
         self._matching: _Matching | None = None  # the last build's matching
         self._commits: list[tuple[GeneratedTurn, list[str]]] = []  # each turn, its normalized references
+
+    def drop_caches(self) -> None:
+        """Forgets what was kept only to make the next build cheaper (the previous build's
+        matching, render and template forms, the tools' key, the encoded chunks); the
+        conversation views and generated turns stay. The next build is a whole one, its
+        result the same."""
+        self.cache = ChunkCache(self._max_cache_chars)
+        self._memo = None
+        self._loop_cache = LoopCache()
+        self._tools = None
+        self._forms = None
+        self._matching = None
 
     # --- matching -----------------------------------------------------------
 
@@ -648,6 +680,7 @@ class Splicer:
 
         Raises:
             jinja2.TemplateError: The template refused the conversation.
+            PromptTooLong: The prompt would be longer than ``max_prompt_tokens``.
         """
         tools_key, tool_dicts = tools_of if tools_of is not None else self.tools_key(tools)
         matched = self._match_all(messages)
@@ -824,6 +857,11 @@ class Splicer:
             if not chunk:
                 return
             start = len(ids)
+            if self._max_prompt:
+                room = self._max_prompt - start
+                at_least = self._codec.min_tokens(chunk, above=room)
+                if at_least > room:
+                    raise PromptTooLong(start + at_least, self._max_prompt)
             self._codec.encode_into(chunk, self.cache, ids)
             if len(ids) > start:
                 rendered.append(Span(start, len(ids)))

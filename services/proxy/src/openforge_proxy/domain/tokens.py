@@ -20,6 +20,7 @@ engine and recorded as the concatenation of its chunks' encodings
 from __future__ import annotations
 
 import hashlib
+import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import ByteLevel, DecodeStream
+from tokenizers.models import BPE
 
 from openforge_core.errors import FailedPrecondition
 from openforge_core.protowire import varint
@@ -146,6 +148,8 @@ class SharedChunks:
     message, its tool results) leaves just its hash in a bounded list of recent ones, so closed
     sessions leave nothing behind that grows with the number of calls.
 
+    Safe to use from several threads.
+
     Args:
         max_chars: Most characters of chunk text kept; least recently used chunks go first.
         min_chars: Smallest chunk kept.
@@ -159,17 +163,29 @@ class SharedChunks:
         self._chars = 0
         self._entries: OrderedDict[str, tuple[str, array[int], bytes]] = OrderedDict()
         self._seen: OrderedDict[int, None] = OrderedDict()
+        # a large request's prompt may be encoded in a worker thread while other sessions' are
+        # encoded on the event loop
+        self._lock = threading.Lock()
 
     def get(self, chunk: str) -> tuple[str, array[int], bytes] | None:
         """The chunk's kept key object and ids, if kept."""
-        entry = self._entries.get(chunk)
-        if entry is not None:
-            self._entries.move_to_end(chunk)
-        return entry
+        hash(chunk)  # computed (and kept by the string) outside the lock
+        with self._lock:
+            entry = self._entries.get(chunk)
+            if entry is not None:
+                self._entries.move_to_end(chunk)
+            return entry
 
     def offer(self, chunk: str, ids: array[int], packed: bytes) -> None:
         """Keeps a chunk a session just encoded if it is large and another session encoded it before."""
-        if len(chunk) < self.min_chars or chunk in self._entries:
+        if len(chunk) < self.min_chars:
+            return
+        hash(chunk)
+        with self._lock:
+            self._offer(chunk, ids, packed)
+
+    def _offer(self, chunk: str, ids: array[int], packed: bytes) -> None:
+        if chunk in self._entries:
             return
         h = hash(chunk)
         if h not in self._seen:
@@ -222,6 +238,7 @@ class TokenizerCodec:
         self._varints = [varint(i) for i in range(tokenizer.get_vocab_size(with_added_tokens=True))]
         self.shared = SharedChunks()
         self._token_bytes: dict[int, bytes] = {}
+        self._max_piece: int | None = None
 
     @classmethod
     def from_dir(cls, model_dir: Path, split_marker: str = "") -> TokenizerCodec:
@@ -247,6 +264,40 @@ class TokenizerCodec:
     def token_id(self, token: str) -> int | None:
         """The id of a token (special or not), if it is one token."""
         return self._tok.token_to_id(token)
+
+    def min_tokens(self, text: str, *, above: int = 0) -> int:
+        """A lower bound of ``len(encode(text))``, found without encoding (0 when none is known).
+
+        Every token stands for at most as many bytes of the (normalized) text as its vocabulary
+        piece is long in UTF-8 bytes (a byte-level piece spells one byte per character; a
+        ``▁`` or ``<0x0A>`` piece is longer than what it stands for), so a text of ``n`` bytes
+        needs at least ``ceil(n / longest piece)`` tokens. Only for vocabularies where no token
+        stands for more than its piece: byte-level BPE (GPT-2, Qwen, Llama 3) or BPE with byte
+        fallback; a vocabulary with an unknown-token piece has none (0). A tokenizer with a
+        normalizer is bounded on the normalized text (normalizing can shorten it).
+
+        Args:
+            text: The text.
+            above: 0 is also returned, without normalizing the text, where its length alone
+                shows the bound is at most ``above``.
+        """
+        longest = self._longest_piece()
+        if not longest or not text or -(-4 * len(text) // longest) <= above:
+            return 0
+        normalizer = self._tok.normalizer
+        normalized = normalizer.normalize_str(text) if normalizer is not None else text
+        return -(-len(normalized.encode("utf-8", "surrogatepass")) // longest)
+
+    def _longest_piece(self) -> int:
+        if self._max_piece is None:
+            model = self._tok.model
+            bounded = isinstance(self._tok.decoder, ByteLevel) or (isinstance(model, BPE) and model.byte_fallback)
+            if not bounded or (isinstance(model, BPE) and model.unk_token and not model.byte_fallback):
+                self._max_piece = 0
+            else:
+                vocab = self._tok.get_vocab(with_added_tokens=True)
+                self._max_piece = max((len(piece.encode("utf-8", "surrogatepass")) for piece in vocab), default=0)
+        return self._max_piece
 
     def encode(self, text: str) -> list[int]:
         """Ids of ``text`` (no BOS/EOS added, as ``apply_chat_template`` tokenizes)."""

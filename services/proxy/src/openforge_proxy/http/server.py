@@ -24,20 +24,36 @@ any prefix work (Claude Code keeps a base-path prefix and adds
 the query string is ignored. Request bodies may be ``gzip``, ``deflate`` or
 ``zstd`` encoded; the size limit applies to the decoded body, read
 incrementally (a small compressed body cannot expand past it).
+
+Inputs are bounded the same way on every path, before anything is parsed:
+
+* *size*: a declared ``Content-Length`` over the limit is refused unread; otherwise the body
+  is read in pieces and refused (413) the moment it passes the limit;
+* *time*: a request's line and headers must arrive within ``header_timeout_s`` of its first
+  byte (of the connection's opening, for its first request), else the connection is closed
+  (408 when some of it came); its body within ``body_timeout_s`` of the headers, else 408;
+* *errors*: every error is in the caller's protocol shape (Anthropic's for the Messages
+  paths and for clients that send Anthropic's headers, OpenAI's otherwise), also for unknown
+  paths and for requests aiohttp cannot parse;
+* *disconnects*: a client that goes away while its body is read is logged as
+  ``http.client_gone`` (info, no traceback) and nothing of its request is kept.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import zlib
 from collections.abc import Mapping
-from typing import IO, cast
+from typing import IO, Any, cast
 
 import structlog
 import zstandard
 from aiohttp import web
-from aiohttp.client_exceptions import ClientConnectionResetError
+from aiohttp.client_exceptions import ClientConnectionResetError, ClientPayloadError
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
 
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.handler import CallHandler, ClientGone, error_response, new_request_id
@@ -49,6 +65,15 @@ log = structlog.get_logger(__name__)
 EV_HTTP_STARTED = "http.started"
 EV_HTTP_STOPPED = "http.stopped"
 EV_HTTP_ERROR = "http.handler_error"
+EV_CLIENT_GONE = "http.client_gone"
+EV_HEADER_TIMEOUT = "http.header_timeout"
+EV_BODY_TIMEOUT = "http.body_timeout"
+EV_BAD_REQUEST = "http.bad_request"
+
+#: Default seconds for a request's line and headers to arrive.
+HEADER_TIMEOUT_S = 15.0
+#: Default seconds for a request's body to arrive once its headers did.
+BODY_TIMEOUT_S = 120.0
 
 _ROUTES: tuple[tuple[str, str, WireApi | None], ...] = (
     ("/messages/count_tokens", "POST", WireApi.ANTHROPIC_MESSAGES),
@@ -60,6 +85,9 @@ _ROUTES: tuple[tuple[str, str, WireApi | None], ...] = (
 _READ = 1 << 16
 #: What writing to a client that went away raises.
 _CLIENT_GONE = (ConnectionResetError, ClientConnectionResetError)
+#: What reading the body of a client that went away raises (the connection was lost, or the
+#: body ended before its declared length or last chunk).
+_BODY_CUT = (ConnectionError, ClientConnectionResetError, ClientPayloadError, HttpProcessingError)
 
 
 class BodyTooLarge(Exception):
@@ -280,6 +308,19 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
     return b"".join(out.parts)
 
 
+def caller_api(path: str, headers: Mapping[str, str]) -> WireApi:
+    """The protocol whose error shape a caller reads: Anthropic's for a Messages path or a client
+    that sends Anthropic's headers (``anthropic-version``, ``anthropic-beta``, ``x-api-key``),
+    else OpenAI's. ``headers`` as received (any case)."""
+    found = route(path)
+    if found is not None and found[2] is not None:
+        return found[2]
+    names = {k.lower() for k in headers}
+    if names & {"anthropic-version", "anthropic-beta", "x-api-key"} or "/messages" in path:
+        return WireApi.ANTHROPIC_MESSAGES
+    return WireApi.OPENAI_CHAT
+
+
 def route(path: str) -> tuple[str, str, WireApi | None] | None:
     """The route of a request path (prefix and ``/v1`` optional, query string excluded)."""
     p = path.rstrip("/")
@@ -289,6 +330,111 @@ def route(path: str) -> tuple[str, str, WireApi | None] | None:
     return None
 
 
+class _Connection(RequestHandler):
+    """aiohttp's HTTP/1.1 connection, with a deadline for each request's line and headers and
+    errors of aiohttp's own parser answered as JSON in the caller's shape.
+
+    The deadline runs from the connection's opening (its first request) or from the first
+    byte after the previous request was handled, so connections kept alive idle between calls
+    (as harnesses keep them) are not affected; aiohttp's keep-alive timeout bounds those.
+    """
+
+    def __init__(self, manager: web.Server, *, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._header_timeout = header_timeout_s
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._awaiting_headers = True  # bytes that arrive now begin a request
+        self._partial = False  # bytes of the awaited request arrived
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._awaiting_headers:
+            self._partial = True
+            if self._header_timer is None:
+                self._arm()
+        super().data_received(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def headers_received(self) -> None:
+        """The handler got a request: its line and headers are in."""
+        self._awaiting_headers = False
+        self._partial = False
+        self._disarm()
+
+    def request_done(self) -> None:
+        """The handler is done with its request: bytes from now on begin the next one."""
+        self._awaiting_headers = True
+
+    def _arm(self) -> None:
+        if self._header_timeout > 0:
+            self._header_timer = asyncio.get_running_loop().call_later(self._header_timeout, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if not self._awaiting_headers or getattr(self, "_messages", None):  # parsed, not yet handled
+            return
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        log.info(EV_HEADER_TIMEOUT, timeout_s=self._header_timeout, partial=self._partial)
+        if self._partial:  # part of a request came: it is answered (the caller's shape is unknown)
+            err = ApiError(
+                ErrorKind.INVALID_REQUEST,
+                f"the request line and headers did not arrive within {self._header_timeout:g} s",
+                status=408,
+            )
+            status, body, headers = error_response(WireApi.OPENAI_CHAT, err, new_request_id())
+            head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            transport.write(
+                f"HTTP/1.1 {status} Request Timeout\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n{head}\r\n".encode()
+                + body
+            )
+        self.force_close()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's parser refused a request (400, 413, 431...): answered as JSON in the
+        caller's shape and logged without a traceback. Other errors are aiohttp's."""
+        if status >= 500 or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        log.info(EV_BAD_REQUEST, status=status, error=message or str(exc))
+        self._disarm()
+        wire = caller_api(request.path if request.message.path else "", request.headers)
+        resp = _plain_error(
+            wire, ApiError(ErrorKind.INVALID_REQUEST, message or str(exc) or "bad request", status=status)
+        )
+        resp.force_close()
+        return resp
+
+
+class _Server(web.Server):
+    """aiohttp's low-level server, its connections :class:`_Connection`."""
+
+    def __init__(self, handler: Any, *, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self._header_timeout_s = header_timeout_s
+
+    def __call__(self) -> RequestHandler:
+        return _Connection(self, header_timeout_s=self._header_timeout_s, loop=self._loop, **self._kwargs)
+
+
 class HttpServer:
     """Serves the harness-facing APIs.
 
@@ -296,21 +442,36 @@ class HttpServer:
         handler: The call core.
         host: Interface to bind.
         port: TCP port (0 = a free one).
-        max_body_bytes: Largest decoded request body.
+        max_body_bytes: Largest decoded request body, bytes.
+        header_timeout_s: Most seconds for a request's line and headers to arrive (0 = none).
+        body_timeout_s: Most seconds for a request's body to arrive once its headers did
+            (0 = none).
     """
 
-    def __init__(self, handler: CallHandler, host: str, port: int, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        handler: CallHandler,
+        host: str,
+        port: int,
+        max_body_bytes: int,
+        *,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+    ) -> None:
         self._handler = handler
         self._host = host
         self._port = port
         self._limit = max_body_bytes
+        self._header_timeout = header_timeout_s
+        self._body_timeout = body_timeout_s
         self._runner: web.ServerRunner | None = None
         self.port = 0
 
     async def start(self) -> int:
         """Binds and serves; returns the bound port."""
-        server = web.Server(
+        server = _Server(
             self._handle,
+            header_timeout_s=self._header_timeout,
             access_log=None,
             auto_decompress=False,
             max_field_size=65536,
@@ -333,15 +494,28 @@ class HttpServer:
             log.info(EV_HTTP_STOPPED)
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        connection = request.protocol
+        if isinstance(connection, _Connection):
+            connection.headers_received()
+        try:
+            return await self._serve(request)
+        finally:
+            if isinstance(connection, _Connection):
+                connection.request_done()
+
+    async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
         received = time.monotonic()
         found = route(request.path)
         if found is None:
             if request.method in ("GET", "HEAD") and request.path.rstrip("/") in ("", "/health", "/healthz"):
                 return web.Response(text="ok")
-            return _plain_error(WireApi.OPENAI_CHAT, ApiError(ErrorKind.NOT_FOUND, f"no route for {request.path}"))
+            return _plain_error(
+                caller_api(request.path, request.headers),
+                ApiError(ErrorKind.NOT_FOUND, f"no route for {request.path}"),
+            )
         suffix, method, wire = found
         headers = {k.lower(): v for k, v in request.headers.items()}
-        api = wire or (WireApi.ANTHROPIC_MESSAGES if "anthropic-version" in headers else WireApi.OPENAI_CHAT)
+        api = caller_api(request.path, headers)
         if request.method != method:
             return _plain_error(
                 api,
@@ -351,9 +525,22 @@ class HttpServer:
             status, body = self._handler.models(headers)
             return web.Response(status=status, body=body, content_type="application/json")
         try:
-            body = await read_body(request, self._limit)
-        except BodyTooLarge:
+            async with asyncio.timeout(self._body_timeout or None):
+                body = await read_body(request, self._limit)
+        except BodyTooLarge:  # aiohttp reads what is left of the body for a while, then closes
             return _plain_error(api, ApiError(ErrorKind.TOO_LARGE, f"the request body exceeds {self._limit} bytes"))
+        except TimeoutError:
+            log.info(EV_BODY_TIMEOUT, path=suffix, timeout_s=self._body_timeout)
+            err = ApiError(
+                ErrorKind.INVALID_REQUEST,
+                f"the request body did not arrive within {self._body_timeout:g} s",
+                status=408,
+            )
+            return _closing(_plain_error(api, err))
+        except _BODY_CUT as exc:  # the client went away (or cut its body short): nobody reads an answer
+            log.info(EV_CLIENT_GONE, path=suffix, error=str(exc) or type(exc).__name__)
+            err = ApiError(ErrorKind.INVALID_REQUEST, f"the request body could not be read: {exc}")
+            return _closing(_plain_error(api, err))
         except ValueError as exc:
             return _plain_error(api, ApiError(ErrorKind.INVALID_REQUEST, str(exc)))
         if suffix == "/messages/count_tokens":
@@ -376,4 +563,10 @@ def _plain_error(wire: WireApi, err: ApiError) -> web.Response:
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 
 
-__all__ = ["BodyTooLarge", "HttpServer", "dumps", "read_body", "route"]
+def _closing(resp: web.Response) -> web.Response:
+    """``resp``, the connection closed after it: what is left of the request's body is not read."""
+    resp.force_close()
+    return resp
+
+
+__all__ = ["BodyTooLarge", "HttpServer", "caller_api", "dumps", "read_body", "route"]
