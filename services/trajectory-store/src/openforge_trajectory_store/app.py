@@ -37,7 +37,7 @@ class StoreApp:
 
     def register(self, server: grpc.aio.Server) -> None:
         trajectory_pb2_grpc.add_TrajectoryServiceServicer_to_server(
-            TrajectoryServicer(self.repo, self.notifier), server
+            TrajectoryServicer(self.repo, self.notifier, self.settings.exports_folder()), server
         )
 
     async def start(self) -> None:

@@ -11,14 +11,12 @@ import grpc
 
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_core.errors import InvalidArgument
+from openforge_core.field_rules import require
 from openforge_trajectory_store.adapters import export
 from openforge_trajectory_store.adapters.sql import SqlRepository
 from openforge_trajectory_store.domain.query import RolloutFilter, token_int
 
 CURSOR_PREFIX = "g:"
-#: Longest id a read accepts, in UTF-8 bytes (a longer one could not be named in the error's
-#: status metadata, which clients cap at 8 KiB).
-MAX_ID_BYTES = 512
 
 
 class GroupNotifier:
@@ -53,50 +51,40 @@ def parse_cursor(cursor: str) -> int:
     return seq
 
 
-def check_id(field: str, value: str, *, required: bool = True) -> str:
-    """Returns ``value`` if it can be an id: non-empty (when ``required``), at most
-    :data:`MAX_ID_BYTES` UTF-8 bytes.
-
-    Raises:
-        InvalidArgument: Naming ``field`` (not echoing an overlong value).
-    """
-    if required and not value:
-        raise InvalidArgument.field(field, "an id is required")
-    size = len(value.encode("utf-8", "surrogatepass"))
-    if size > MAX_ID_BYTES:
-        raise InvalidArgument.field(field, f"longer than {MAX_ID_BYTES} bytes ({size})")
-    return value
-
-
 class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
     """Reads of the durable record.
+
+    Every id in a request is checked by the shared server against
+    :mod:`openforge_core.field_rules` before a method runs; the methods only say which are
+    required.
 
     Args:
         repo: The repository (called in a worker thread).
         notifier: Signals completed groups to watchers.
+        export_dir: The only folder ``Export`` writes into.
         poll_s: Watchers also re-read after this many seconds without a signal.
     """
 
-    def __init__(self, repo: SqlRepository, notifier: GroupNotifier, poll_s: float = 5.0) -> None:
+    def __init__(self, repo: SqlRepository, notifier: GroupNotifier, export_dir: Path, poll_s: float = 5.0) -> None:
         self._repo = repo
         self._notifier = notifier
+        self._export_dir = export_dir
         self._poll_s = poll_s
 
     async def GetRollout(
         self, request: trajectory_pb2.GetRolloutRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.GetRolloutResponse:
-        """One rollout as recorded. Errors: NOT_FOUND; INVALID_ARGUMENT (empty or overlong id)."""
-        return trajectory_pb2.GetRolloutResponse(
-            rollout=await asyncio.to_thread(self._repo.rollout, check_id("rollout_id", request.rollout_id))
-        )
+        """One rollout as recorded. Errors: NOT_FOUND; INVALID_ARGUMENT (empty or malformed id)."""
+        require(request, "rollout_id")
+        return trajectory_pb2.GetRolloutResponse(rollout=await asyncio.to_thread(self._repo.rollout, request.rollout_id))
 
     async def ListRollouts(
         self, request: trajectory_pb2.ListRolloutsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.ListRolloutsResponse:
-        """A page of matching rollouts, newest first. Errors: INVALID_ARGUMENT (page token/size, overlong id)."""
+        """A page of matching rollouts, newest first. Errors: INVALID_ARGUMENT (page token/size, malformed id)."""
         flt = RolloutFilter(
-            run_id=check_id("run_id", request.run_id, required=False),
-            task_id=check_id("task_id", request.task_id, required=False),
+            run_id=request.run_id,
+            task_id=request.task_id,
             status=request.status,
             min_reward=request.min_reward if request.HasField("min_reward") else None,
             max_reward=request.max_reward if request.HasField("max_reward") else None,
@@ -107,18 +95,18 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
     async def GetCalls(
         self, request: trajectory_pb2.GetCallsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.GetCallsResponse:
-        """Every attempt of every call of a rollout. Errors: NOT_FOUND; INVALID_ARGUMENT (empty or overlong id)."""
-        return trajectory_pb2.GetCallsResponse(
-            calls=await asyncio.to_thread(self._repo.calls, check_id("rollout_id", request.rollout_id))
-        )
+        """Every attempt of every call of a rollout. Errors: NOT_FOUND; INVALID_ARGUMENT (empty or malformed id)."""
+        require(request, "rollout_id")
+        return trajectory_pb2.GetCallsResponse(calls=await asyncio.to_thread(self._repo.calls, request.rollout_id))
 
     async def GetSamples(
         self, request: trajectory_pb2.GetSamplesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.GetSamplesResponse:
         """A rollout's samples. Errors: NOT_FOUND; FAILED_PRECONDITION (not ended/assembled yet);
-        INVALID_ARGUMENT (empty or overlong id)."""
+        INVALID_ARGUMENT (empty or malformed id)."""
+        require(request, "rollout_id")
         return trajectory_pb2.GetSamplesResponse(
-            samples=await asyncio.to_thread(self._repo.samples, check_id("rollout_id", request.rollout_id))
+            samples=await asyncio.to_thread(self._repo.samples, request.rollout_id)
         )
 
     async def WatchCompletedGroups(
@@ -126,7 +114,6 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
     ) -> AsyncIterator[trajectory_pb2.WatchCompletedGroupsResponse]:
         """Every completed group of the run after the cursor, then new ones. Errors: INVALID_ARGUMENT."""
         after = parse_cursor(request.cursor)
-        check_id("run_id", request.run_id, required=False)
         while True:
             groups = await asyncio.to_thread(self._repo.completed_groups, request.run_id, after)
             for g in groups:
@@ -145,13 +132,14 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
     async def Export(
         self, request: trajectory_pb2.ExportRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.ExportResponse:
-        """Writes a run's samples to a file. Errors: NOT_FOUND (run); INVALID_ARGUMENT."""
+        """Writes a run's samples to ``file_name`` in the export folder, never anywhere else.
+
+        Errors: NOT_FOUND (run); INVALID_ARGUMENT (format unspecified; file_name missing, not a
+        plain file name, or a symbolic link or folder in the export folder).
+        """
         if request.format == trajectory_pb2.EXPORT_FORMAT_UNSPECIFIED:
             raise InvalidArgument.field("format", "choose EXPORT_FORMAT_PARQUET or EXPORT_FORMAT_JSONL")
-        if not request.path:
-            raise InvalidArgument.field("path", "an output file path is required")
-        check_id("run_id", request.run_id, required=False)
-        path = Path(request.path)
+        path = export.export_path(self._export_dir, request.file_name)
         rows = await asyncio.to_thread(self._export_rows, request.run_id, request.include_requests)
         if request.format == trajectory_pb2.EXPORT_FORMAT_PARQUET:
             n = await asyncio.to_thread(export.write_parquet, path, rows, request.include_requests)
@@ -169,15 +157,15 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
     async def GetRun(
         self, request: trajectory_pb2.GetRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.GetRunResponse:
-        """One run with its manifest and counts. Errors: NOT_FOUND; INVALID_ARGUMENT (empty or overlong id)."""
-        check_id("run_id", request.run_id)
+        """One run with its manifest and counts. Errors: NOT_FOUND; INVALID_ARGUMENT (empty or malformed id)."""
+        require(request, "run_id")
         return trajectory_pb2.GetRunResponse(run=await asyncio.to_thread(self._repo.run_summary, request.run_id))
 
     async def ListStepMetrics(
         self, request: trajectory_pb2.ListStepMetricsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trajectory_pb2.ListStepMetricsResponse:
         """A page of a run's step metrics in step order. Errors: NOT_FOUND (run); INVALID_ARGUMENT."""
-        check_id("run_id", request.run_id)
+        require(request, "run_id")
         steps, token = await asyncio.to_thread(
             self._repo.step_metrics_page, request.run_id, request.page_size, request.page_token
         )

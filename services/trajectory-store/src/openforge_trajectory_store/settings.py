@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,6 +37,9 @@ class StoreSettings(ServiceSettings):
         consumer_name: Durable JetStream consumer name prefix; the position in
             each stream survives restarts under this name.
         ingest_batch: Events fetched and committed per transaction.
+        export_dir: The one folder ``Export`` writes into (created owner-only on first use);
+            callers name a file in it, never a path (``OPENFORGE_EXPORT_DIR``). Unset: ``exports``
+            next to the SQLite database file, or in the working folder with PostgreSQL.
     """
 
     service_name: ClassVar[str] = "trajectory-store"
@@ -43,3 +47,13 @@ class StoreSettings(ServiceSettings):
     store: DatabaseSettings = DatabaseSettings()
     consumer_name: str = "trajectory-store"
     ingest_batch: int = Field(default=256, ge=1, le=4096)
+    export_dir: Path | None = None
+
+    def exports_folder(self) -> Path:
+        """Where exports are written: ``export_dir``, or its default (see the class docstring)."""
+        if self.export_dir is not None:
+            return self.export_dir
+        dsn = self.store.dsn
+        if dsn.startswith(("postgresql://", "postgres://")):
+            return Path("exports").absolute()
+        return Path(dsn.removeprefix("sqlite:///").removeprefix("sqlite://")).absolute().parent / "exports"

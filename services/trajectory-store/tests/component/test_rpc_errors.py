@@ -161,6 +161,7 @@ INVALID: list[tuple[str, Call, str]] = [
     ),
     ("GetRun overlong id", lambda s: s.GetRun(pb.GetRunRequest(run_id=LONG)), "run_id"),
     ("GetRun wide id", lambda s: s.GetRun(pb.GetRunRequest(run_id=WIDE)), "run_id"),
+    ("GetRun 129-byte id", lambda s: s.GetRun(pb.GetRunRequest(run_id="n" * 129)), "run_id"),
     (
         "ListStepMetrics overlong id",
         lambda s: s.ListStepMetrics(pb.ListStepMetricsRequest(run_id=LONG)),
@@ -185,7 +186,7 @@ NOT_FOUND: list[tuple[str, Call]] = [
     ("GetRun", lambda s: s.GetRun(pb.GetRunRequest(run_id="nope"))),
     ("ListStepMetrics", lambda s: s.ListStepMetrics(pb.ListStepMetricsRequest(run_id="nope"))),
     ("GetRollout", lambda s: s.GetRollout(pb.GetRolloutRequest(rollout_id="nope"))),
-    ("GetRun 512-byte id", lambda s: s.GetRun(pb.GetRunRequest(run_id="n" * 512))),
+    ("GetRun 128-byte id", lambda s: s.GetRun(pb.GetRunRequest(run_id="n" * 128))),
 ]
 
 

@@ -145,11 +145,13 @@ def test_groups_are_emitted_once_across_restarts(
                     trajectory_pb2.WatchCompletedGroupsRequest(run_id="run", cursor="nope")
                 ).read()
             assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            out = tmp_path / "export.parquet"
+            out = tmp_path / "exports" / "export.parquet"  # the default export folder: next to the database
             exported = await stub.Export(
-                trajectory_pb2.ExportRequest(run_id="run", format=trajectory_pb2.EXPORT_FORMAT_PARQUET, path=str(out))
+                trajectory_pb2.ExportRequest(
+                    run_id="run", format=trajectory_pb2.EXPORT_FORMAT_PARQUET, file_name="export.parquet"
+                )
             )
-            assert exported.rows == 2 and out.exists()
+            assert exported.rows == 2 and out.exists() and exported.path == str(out)
             return got.cursor
 
     cursor = asyncio.run(first_watch())

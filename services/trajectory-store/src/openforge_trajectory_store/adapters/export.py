@@ -24,11 +24,12 @@ requests              string (JSON)       the harness requests of the sample's c
                                           (only with include_requests)
 ====================  ==================  =============================================
 
-Files are created owner-only (0600).
+Files are created owner-only (0600), only inside the store's export folder (:func:`export_path`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Sequence
@@ -40,6 +41,8 @@ from google.protobuf import json_format
 
 from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2
+from openforge_core import field_rules
+from openforge_core.errors import InvalidArgument
 
 SCHEMA = pa.schema(
     [
@@ -94,10 +97,37 @@ def request_bodies(calls: Sequence[common_pb2.CallRecord]) -> dict[str, dict[str
 
 
 def _open_owner_only(path: Path) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # The folder is the configured export folder; a name inside it that is a symbolic link is
+    # refused (O_NOFOLLOW), so an export never writes through a link to somewhere else.
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InvalidArgument.field("file_name", "names a symbolic link in the export folder") from exc
+        if exc.errno in (errno.EISDIR, errno.ENOTDIR):
+            raise InvalidArgument.field("file_name", "names a folder in the export folder") from exc
+        raise
     os.fchmod(fd, 0o600)
     return fd
+
+
+def export_path(folder: Path, file_name: str) -> Path:
+    """The file ``file_name`` inside the export folder.
+
+    Args:
+        folder: The store's export folder (``StoreSettings.export_dir``).
+        file_name: A plain file name (:data:`openforge_core.field_rules.FILE_NAME`).
+
+    Raises:
+        InvalidArgument: ``file_name`` is empty or not a plain file name (a path, a leading dot,
+            a NUL...), so the file could land outside ``folder``.
+    """
+    field_rules.check("file_name", file_name)
+    path = folder / file_name
+    if path.parent != folder:  # the rule already refuses separators; this keeps it so
+        raise InvalidArgument.field("file_name", "must be a file name, not a path")
+    return path
 
 
 def write_parquet(path: Path, data: list[dict[str, object]], include_requests: bool) -> int:

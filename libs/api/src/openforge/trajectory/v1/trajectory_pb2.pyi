@@ -428,27 +428,31 @@ class ExportRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     FORMAT_FIELD_NUMBER: _builtins.int
-    PATH_FIELD_NUMBER: _builtins.int
     INCLUDE_REQUESTS_FIELD_NUMBER: _builtins.int
+    FILE_NAME_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The run."""
     format: Global___ExportFormat.ValueType
     """File format."""
-    path: _builtins.str
-    """Output file path on the store's filesystem (created owner-only)."""
     include_requests: _builtins.bool
     """Include the harness request bodies (default: dropped)."""
+    file_name: _builtins.str
+    """Name of the file written in the store's export folder (the store's
+    OPENFORGE_EXPORT_DIR setting), created owner-only; an existing file of
+    that name is replaced. 1 to 128 of A-Z a-z 0-9 . _ -, starting with a
+    letter or digit: no folders, no leading dot. Required.
+    """
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         format: Global___ExportFormat.ValueType = ...,
-        path: _builtins.str = ...,
         include_requests: _builtins.bool = ...,
+        file_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["format", b"format", "include_requests", b"include_requests", "path", b"path", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["file_name", b"file_name", "format", b"format", "include_requests", b"include_requests", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -463,7 +467,9 @@ class ExportResponse(_message.Message):
     PATH_FIELD_NUMBER: _builtins.int
     ROWS_FIELD_NUMBER: _builtins.int
     path: _builtins.str
-    """The file written."""
+    """The file written, as a path on the store's filesystem (inside its export
+    folder).
+    """
     rows: _builtins.int
     """Samples written."""
     def __init__(

@@ -127,9 +127,11 @@ class TrajectoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Export(self, request, context):
-        """Writes a run's samples to a file (Parquet in veRL's column layout, or
-        JSONL). Idempotent: the same request overwrites the same file.
-        Errors: NOT_FOUND (run); INVALID_ARGUMENT (format unspecified).
+        """Writes a run's samples to a file in the store's export folder (Parquet in
+        veRL's column layout, or JSONL); the caller names the file, never a path.
+        Idempotent: the same request overwrites the same file.
+        Errors: NOT_FOUND (run); INVALID_ARGUMENT (format unspecified, file_name
+        missing or not a plain file name, or naming a symbolic link).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

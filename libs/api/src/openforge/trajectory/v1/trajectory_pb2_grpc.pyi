@@ -54,9 +54,11 @@ class TrajectoryServiceStub:
     Errors: INVALID_ARGUMENT (malformed cursor).
     """
     Export: _grpc.UnaryUnaryMultiCallable[_trajectory_pb2.ExportRequest, _trajectory_pb2.ExportResponse]
-    """Writes a run's samples to a file (Parquet in veRL's column layout, or
-    JSONL). Idempotent: the same request overwrites the same file.
-    Errors: NOT_FOUND (run); INVALID_ARGUMENT (format unspecified).
+    """Writes a run's samples to a file in the store's export folder (Parquet in
+    veRL's column layout, or JSONL); the caller names the file, never a path.
+    Idempotent: the same request overwrites the same file.
+    Errors: NOT_FOUND (run); INVALID_ARGUMENT (format unspecified, file_name
+    missing or not a plain file name, or naming a symbolic link).
     """
     ListRuns: _grpc.UnaryUnaryMultiCallable[_trajectory_pb2.ListRunsRequest, _trajectory_pb2.ListRunsResponse]
     """Lists every run the store knows (registered by RunRegistered or seen in
@@ -95,9 +97,11 @@ class TrajectoryServiceAsyncStub(TrajectoryServiceStub):
     Errors: INVALID_ARGUMENT (malformed cursor).
     """
     Export: _aio.UnaryUnaryMultiCallable[_trajectory_pb2.ExportRequest, _trajectory_pb2.ExportResponse]  # type: ignore[assignment]
-    """Writes a run's samples to a file (Parquet in veRL's column layout, or
-    JSONL). Idempotent: the same request overwrites the same file.
-    Errors: NOT_FOUND (run); INVALID_ARGUMENT (format unspecified).
+    """Writes a run's samples to a file in the store's export folder (Parquet in
+    veRL's column layout, or JSONL); the caller names the file, never a path.
+    Idempotent: the same request overwrites the same file.
+    Errors: NOT_FOUND (run); INVALID_ARGUMENT (format unspecified, file_name
+    missing or not a plain file name, or naming a symbolic link).
     """
     ListRuns: _aio.UnaryUnaryMultiCallable[_trajectory_pb2.ListRunsRequest, _trajectory_pb2.ListRunsResponse]  # type: ignore[assignment]
     """Lists every run the store knows (registered by RunRegistered or seen in
@@ -169,9 +173,11 @@ class TrajectoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _trajectory_pb2.ExportRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_trajectory_pb2.ExportResponse, _abc.Awaitable[_trajectory_pb2.ExportResponse]]:
-        """Writes a run's samples to a file (Parquet in veRL's column layout, or
-        JSONL). Idempotent: the same request overwrites the same file.
-        Errors: NOT_FOUND (run); INVALID_ARGUMENT (format unspecified).
+        """Writes a run's samples to a file in the store's export folder (Parquet in
+        veRL's column layout, or JSONL); the caller names the file, never a path.
+        Idempotent: the same request overwrites the same file.
+        Errors: NOT_FOUND (run); INVALID_ARGUMENT (format unspecified, file_name
+        missing or not a plain file name, or naming a symbolic link).
         """
 
     @_abc_1.abstractmethod
