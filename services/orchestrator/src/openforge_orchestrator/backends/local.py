@@ -9,13 +9,18 @@ Design
   private ``HOME`` (``/root``), ``/tmp`` and ``/logs/agent``; the harness install read-only at
   its own path. Nothing else of the host is visible. The sandbox folder is removed afterwards.
 * **Network.** Every namespace is new (user, pid, net, ipc, uts, cgroup): the sandbox has only
-  ``lo``. The proxy is reached through a unix socket: the host listens on
-  ``<sandbox>/run/proxy.sock`` and forwards each connection to the proxy's TCP address; the
-  socket is visible inside as ``/run/openforge/proxy.sock``, and the sandbox's first process
-  (:mod:`local_init`) bridges ``127.0.0.1:8080`` inside to it. So the harness's base URL is
+  ``lo``. The proxy is reached through a unix socket of the sandbox's own, visible inside as
+  ``/run/openforge/proxy.sock``: the host end (:mod:`gate`) forwards each request to the
+  proxy's TCP address and refuses one that presents any key but the sandbox's own, so a
+  rollout's key is bound to its sandbox. The sandbox's first process (:mod:`local_init`)
+  bridges ``127.0.0.1:8080`` inside to that socket. So the harness's base URL is
   ``http://127.0.0.1:8080`` and no other address leads anywhere. That process also routes
   every other address to ``lo`` and records each connection attempt to one of them (bypass
   detection), then runs the harness with no capabilities.
+* **Secrets and clean-up.** The sandbox folder is 0700 and every file the orchestrator writes
+  into it (the init config, the harness's files: any may hold the key) is created 0600. Each
+  sandbox has a lock file held while it exists; a restarted orchestrator removes the sandboxes,
+  sockets and cgroups whose lock nobody holds (:meth:`LocalBackend.clean_stale`).
 * **Limits.** A cgroup per sandbox (memory, pids, CPU; :mod:`cgroups`), the task's agent
   timeout (SIGKILL to the whole sandbox: killing bwrap ends its pid namespace), and
   ``RLIMIT_NOFILE``/``RLIMIT_CORE`` through the init process.
@@ -52,6 +57,7 @@ from typing import Any
 import structlog
 
 from openforge_orchestrator.backends import cgroups
+from openforge_orchestrator.backends.gate import MAX_HEAD, RequestGate
 from openforge_orchestrator.domain.sandbox import (
     AGENT_LOGS,
     SANDBOX_HOME,
@@ -168,17 +174,19 @@ def remove_tree(path: Path) -> None:
 
 
 def private_dir(path: Path) -> Path:
-    """``path`` as a folder only this user can use, created 0700 when missing.
+    """``path`` as a folder only this user can use: created 0700, or narrowed to 0700.
 
     Raises:
-        SandboxStartError: It exists but is a link, not a folder, someone else's, or open to
-            other users (a shared folder such as ``/tmp`` could hold one planted by another user).
+        SandboxStartError: It exists but is a link, not a folder, or someone else's (a shared
+            folder such as ``/tmp`` could hold one planted by another user).
     """
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700, parents=True)
     st = path.lstat()
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise SandboxStartError(f"{path} must be a folder of uid {os.getuid()} with mode 0700")
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise SandboxStartError(f"{path} must be a folder of uid {os.getuid()}, not a link")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
     return path
 
 
@@ -525,7 +533,7 @@ class LocalBackend:
         server: asyncio.AbstractServer | None = None
         socket_path: Path | None = None
         lock_fd: int | None = None
-        connections = [0]
+        gate = RequestGate(plan.api_key, self._proxy_host, self._proxy_port, rollout_id=plan.rollout_id)
         task = asyncio.current_task()
         if task is not None:
             self._running.add(task)
@@ -541,9 +549,7 @@ class LocalBackend:
                 if plan.with_proxy:
                     # bind-mounted into the sandbox over a placeholder file
                     socket_path = self._ensure_dirs() / f"{self._ident(sb)}.sock"
-                    server = await asyncio.start_unix_server(
-                        lambda r, w: self._forward(r, w, connections), path=str(socket_path)
-                    )
+                    server = await asyncio.start_unix_server(gate.handle, path=str(socket_path), limit=MAX_HEAD)
                     (sb / "run" / "proxy.sock").touch()
                 assert self._limiter is not None
                 cgroup = self._limiter.create(self._cgroup_name(sb), self._limits(plan.task))
@@ -570,13 +576,14 @@ class LocalBackend:
                 verifier_output=verifier_output,
                 verifier_error=verifier_error,
                 blocked_destinations=tuple(attempts),
-                proxy_connections=connections[0],
+                proxy_connections=gate.connections,
                 artifacts=artifacts,
             )
         finally:
             # nothing here awaits: a second cancellation cannot cut the clean-up short
             if server is not None:
                 server.close()
+            gate.cancel()
             if socket_path is not None:
                 socket_path.unlink(missing_ok=True)
             if cgroup is not None:
@@ -600,27 +607,6 @@ class LocalBackend:
                     break
             else:
                 raise SandboxStartError(f"harness file {path} is outside {SANDBOX_HOME} and {SANDBOX_RUN}")
-
-    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, count: list[int]) -> None:
-        count[0] += 1
-        try:
-            up_reader, up_writer = await asyncio.open_connection(self._proxy_host, self._proxy_port)
-        except OSError:
-            writer.close()
-            return
-
-        async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            try:
-                while chunk := await r.read(65536):
-                    w.write(chunk)
-                    await w.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                with contextlib.suppress(Exception):
-                    w.close()
-
-        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
 
     async def _run_agent(
         self, bwrap: str, plan: ExecutionPlan, sb: Path, cgroup: cgroups.Cgroup | None, socket_path: Path | None
