@@ -19,11 +19,11 @@ import pytest
 from multidict import CIMultiDict
 
 from openforge_proxy.adapters.inference import GrpcEngine
-from openforge_proxy.domain.handler import CallHandler
+from openforge_proxy.domain.handler import OFFLOAD_MIN_BYTES, CallHandler
 from openforge_proxy.domain.record import CallRecordData
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.sessions import Limits, SessionRegistry
-from openforge_proxy.http.server import HttpServer
+from openforge_proxy.http.server import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, HttpServer
 from openforge_testing.captures import CAPTURES
 from openforge_testing.fakes import ScriptedInferenceServer, build_fake_model_dir
 
@@ -89,11 +89,22 @@ def parse_sse(raw: bytes) -> list[tuple[str | None, Any]]:
 class InProcessProxy:
     """The proxy's HTTP server and core, in this event loop, over a fake engine."""
 
-    def __init__(self, fake: ScriptedInferenceServer, *, max_body_bytes: int = 32 << 20) -> None:
+    def __init__(
+        self,
+        fake: ScriptedInferenceServer,
+        *,
+        max_body_bytes: int = 32 << 20,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+        offload_min_bytes: int = OFFLOAD_MIN_BYTES,
+    ) -> None:
         self.fake = fake
         self.sessions = SessionRegistry(3600, 1000)
         self.recorder = ListRecorder()
         self._max_body = max_body_bytes
+        self._header_timeout_s = header_timeout_s
+        self._body_timeout_s = body_timeout_s
+        self._offload_min_bytes = offload_min_bytes
         self.engine: GrpcEngine | None = None
         self.handler: CallHandler | None = None
         self.http: HttpServer | None = None
@@ -110,8 +121,17 @@ class InProcessProxy:
                 self.runtime = ModelRuntime.load(await self.engine.model_info())
             return self.runtime
 
-        self.handler = CallHandler(self.sessions, self.engine, runtime, self.recorder)
-        self.http = HttpServer(self.handler, "127.0.0.1", 0, self._max_body)
+        self.handler = CallHandler(
+            self.sessions, self.engine, runtime, self.recorder, offload_min_bytes=self._offload_min_bytes
+        )
+        self.http = HttpServer(
+            self.handler,
+            "127.0.0.1",
+            0,
+            self._max_body,
+            header_timeout_s=self._header_timeout_s,
+            body_timeout_s=self._body_timeout_s,
+        )
         await self.http.start()
         self.client = aiohttp.ClientSession(auto_decompress=False)
         return self
@@ -196,16 +216,17 @@ async def proxy(model_dir: Path) -> AsyncIterator[InProcessProxy]:
         await p.stop()
 
 
-StartProxy = Callable[[ScriptedInferenceServer], Awaitable[InProcessProxy]]
+StartProxy = Callable[..., Awaitable[InProcessProxy]]
 
 
 @pytest.fixture
 async def start_proxy() -> AsyncIterator[StartProxy]:
-    """Starts in-process proxies over given fake engines; all are stopped at teardown."""
+    """Starts in-process proxies over given fake engines (keyword options as
+    :class:`InProcessProxy`'s); all are stopped at teardown."""
     started: list[InProcessProxy] = []
 
-    async def start(fake: ScriptedInferenceServer) -> InProcessProxy:
-        p = await InProcessProxy(fake).start()
+    async def start(fake: ScriptedInferenceServer, **options: Any) -> InProcessProxy:
+        p = await InProcessProxy(fake, **options).start()
         started.append(p)
         return p
 

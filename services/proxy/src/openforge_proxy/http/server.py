@@ -416,7 +416,7 @@ class _Connection(RequestHandler):
             return super().handle_error(request, status, exc, message)
         log.info(EV_BAD_REQUEST, status=status, error=message or str(exc))
         self._disarm()
-        wire = caller_api(request.path if request.message.path else "", request.headers)
+        wire = caller_api(request.path, request.headers)
         resp = _plain_error(
             wire, ApiError(ErrorKind.INVALID_REQUEST, message or str(exc) or "bad request", status=status)
         )
@@ -536,11 +536,11 @@ class HttpServer:
                 f"the request body did not arrive within {self._body_timeout:g} s",
                 status=408,
             )
-            return _closing(_plain_error(api, err))
+            return await _answer_and_close(request, _plain_error(api, err))
         except _BODY_CUT as exc:  # the client went away (or cut its body short): nobody reads an answer
             log.info(EV_CLIENT_GONE, path=suffix, error=str(exc) or type(exc).__name__)
             err = ApiError(ErrorKind.INVALID_REQUEST, f"the request body could not be read: {exc}")
-            return _closing(_plain_error(api, err))
+            return await _answer_and_close(request, _plain_error(api, err))
         except ValueError as exc:
             return _plain_error(api, ApiError(ErrorKind.INVALID_REQUEST, str(exc)))
         if suffix == "/messages/count_tokens":
@@ -563,9 +563,14 @@ def _plain_error(wire: WireApi, err: ApiError) -> web.Response:
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 
 
-def _closing(resp: web.Response) -> web.Response:
-    """``resp``, the connection closed after it: what is left of the request's body is not read."""
+async def _answer_and_close(request: web.BaseRequest, resp: web.Response) -> web.Response:
+    """Sends ``resp``, then closes the connection: what is left of the request's body is not
+    read (aiohttp would otherwise read and drop it for a while first)."""
     resp.force_close()
+    with contextlib.suppress(*_CLIENT_GONE):
+        await resp.prepare(request)
+        await resp.write_eof()
+    request.protocol.force_close()
     return resp
 
 
