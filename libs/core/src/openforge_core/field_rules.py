@@ -140,7 +140,7 @@ def _strings(message: Message, prefix: str) -> Iterator[tuple[str, str, str]]:
             for i, item in items:
                 if item:
                     yield (path if i is None else f"{path}[{i}]"), fd.name, item
-        elif fd.type == FieldDescriptor.TYPE_MESSAGE:
+        elif fd.type == FieldDescriptor.TYPE_MESSAGE and fd.message_type is not None:
             if fd.message_type.full_name.startswith("google.protobuf."):
                 continue
             if fd.message_type.GetOptions().map_entry:

@@ -21,6 +21,7 @@ from google.protobuf.duration_pb2 import Duration
 from openforge.common.v1 import common_pb2
 from openforge.inference.v1 import inference_pb2, inference_pb2_grpc
 from openforge_core.errors import FailedPrecondition, Unavailable
+from openforge_core.field_rules import require
 from openforge_inference.engines.base import (
     Engine,
     FinishReason,
@@ -198,7 +199,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     async def Abort(
         self, request: inference_pb2.AbortRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> inference_pb2.AbortResponse:
-        """Aborts an in-flight generation; idempotent."""
+        """Aborts an in-flight generation; idempotent. Errors: INVALID_ARGUMENT (missing or malformed id)."""
+        require(request, "request_id")
         return inference_pb2.AbortResponse(found=await self._require().abort(request.request_id))
 
     async def Pause(

@@ -9,13 +9,19 @@ import grpc
 from google.protobuf import json_format
 
 from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from openforge_core.field_rules import require
 from openforge_orchestrator.convert import rollout_to_proto
 from openforge_orchestrator.domain.rollouts import RolloutLimits, RolloutRegistry, TaskRef
 from openforge_orchestrator.domain.scheduler import Scheduler
 
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
-    """Rollouts over gRPC, backed by a :class:`Scheduler` and its :class:`RolloutRegistry`."""
+    """Rollouts over gRPC, backed by a :class:`Scheduler` and its :class:`RolloutRegistry`.
+
+    Every id, the harness name and each command word of a request are checked by the shared
+    server against :mod:`openforge_core.field_rules` before a method runs; the methods only say
+    which are required.
+    """
 
     def __init__(self, rollouts: RolloutRegistry, scheduler: Scheduler) -> None:
         self._rollouts = rollouts
@@ -53,7 +59,8 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
     async def GetRollout(
         self, request: orchestrator_pb2.GetRolloutRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> orchestrator_pb2.GetRolloutResponse:
-        """One rollout. Errors: NOT_FOUND."""
+        """One rollout. Errors: NOT_FOUND; INVALID_ARGUMENT (missing or malformed id)."""
+        require(request, "rollout_id")
         return orchestrator_pb2.GetRolloutResponse(rollout=rollout_to_proto(self._rollouts.get(request.rollout_id)))
 
     async def WatchRollouts(
@@ -66,6 +73,10 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
     async def CancelRollout(
         self, request: orchestrator_pb2.CancelRolloutRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> orchestrator_pb2.CancelRolloutResponse:
-        """Cancels a rollout (stops its sandbox, keeps its calls); idempotent on ended rollouts. Errors: NOT_FOUND."""
+        """Cancels a rollout (stops its sandbox, keeps its calls); idempotent on ended rollouts.
+
+        Errors: NOT_FOUND; INVALID_ARGUMENT (missing or malformed id, overlong reason).
+        """
+        require(request, "rollout_id")
         r = await self._scheduler.cancel(request.rollout_id, request.reason)
         return orchestrator_pb2.CancelRolloutResponse(rollout=rollout_to_proto(r))

@@ -10,6 +10,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from openforge_core.field_rules import require
 from openforge_proxy.domain.sessions import Limits, Session, SessionRegistry, SessionState
 
 _STATES = {
@@ -49,7 +50,12 @@ def session_to_proto(s: Session) -> proxy_pb2.Session:
 
 
 class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
-    """Sessions over gRPC, backed by a :class:`SessionRegistry`."""
+    """Sessions over gRPC, backed by a :class:`SessionRegistry`.
+
+    Every id in a request is checked by the shared server against :mod:`openforge_core.field_rules`
+    (the rule the store and the orchestrator use too) before a method runs, so a session is never
+    opened for a rollout id the store would refuse; the methods only say which are required.
+    """
 
     def __init__(self, sessions: SessionRegistry) -> None:
         self._sessions = sessions
@@ -59,8 +65,10 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
     ) -> proxy_pb2.CreateSessionResponse:
         """Opens a session for one rollout; idempotent per ``request_id``.
 
-        Errors: INVALID_ARGUMENT, ALREADY_EXISTS, RESOURCE_EXHAUSTED (see the proto).
+        Errors: INVALID_ARGUMENT (also a missing or malformed id), ALREADY_EXISTS,
+        RESOURCE_EXHAUSTED (see the proto).
         """
+        require(request, "rollout_id")
         lim = request.limits
         limits = Limits(
             max_turns=lim.max_turns,
@@ -82,11 +90,13 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
     async def GetSession(
         self, request: proxy_pb2.GetSessionRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> proxy_pb2.GetSessionResponse:
-        """Reads a session (never its key). Errors: NOT_FOUND."""
+        """Reads a session (never its key). Errors: NOT_FOUND; INVALID_ARGUMENT (missing or malformed id)."""
+        require(request, "rollout_id")
         return proxy_pb2.GetSessionResponse(session=session_to_proto(self._sessions.get(request.rollout_id)))
 
     async def CloseSession(
         self, request: proxy_pb2.CloseSessionRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> proxy_pb2.CloseSessionResponse:
-        """Closes a session; idempotent. Errors: NOT_FOUND."""
+        """Closes a session; idempotent. Errors: NOT_FOUND; INVALID_ARGUMENT (missing or malformed id)."""
+        require(request, "rollout_id")
         return proxy_pb2.CloseSessionResponse(session=session_to_proto(self._sessions.close(request.rollout_id)))

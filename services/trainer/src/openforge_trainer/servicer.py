@@ -10,6 +10,7 @@ from google.protobuf import json_format, struct_pb2
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from openforge.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from openforge_core.field_rules import require
 from openforge_trainer.domain.runs import Run, RunManager, RunState
 
 _STATES = {
@@ -42,7 +43,12 @@ def run_to_proto(run: Run) -> trainer_pb2.Run:
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
-    """Runs over gRPC, backed by a :class:`RunManager`."""
+    """Runs over gRPC, backed by a :class:`RunManager`.
+
+    Every id and ``config_path`` of a request are checked by the shared server against
+    :mod:`openforge_core.field_rules` (a run id never names a folder outside the trainer's, a
+    path never holds a NUL) before a method runs; the methods only say which are required.
+    """
 
     def __init__(self, runs: RunManager) -> None:
         self._runs = runs
@@ -52,8 +58,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     ) -> trainer_pb2.StartRunResponse:
         """Starts (or resumes) a run; idempotent per request_id.
 
-        Errors: INVALID_ARGUMENT (config does not validate; a BadRequest lists the fields);
-        FAILED_PRECONDITION (another run is training).
+        Errors: INVALID_ARGUMENT (config does not validate, malformed run id or config_path; a
+        BadRequest lists the fields); FAILED_PRECONDITION (another run is training).
         """
         run = self._runs.start(
             request_id=request.request_id,
@@ -66,13 +72,18 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     async def GetRun(
         self, request: trainer_pb2.GetRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trainer_pb2.GetRunResponse:
-        """One run. Errors: NOT_FOUND."""
+        """One run. Errors: NOT_FOUND; INVALID_ARGUMENT (missing or malformed id)."""
+        require(request, "run_id")
         return trainer_pb2.GetRunResponse(run=run_to_proto(self._runs.runs.get(request.run_id)))
 
     async def StopRun(
         self, request: trainer_pb2.StopRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trainer_pb2.StopRunResponse:
-        """Asks the run to stop after its current step; idempotent. Errors: NOT_FOUND."""
+        """Asks the run to stop after its current step; idempotent.
+
+        Errors: NOT_FOUND; INVALID_ARGUMENT (missing or malformed id).
+        """
+        require(request, "run_id")
         return trainer_pb2.StopRunResponse(run=run_to_proto(self._runs.stop(request.run_id)))
 
     async def WatchMetrics(
@@ -80,8 +91,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     ) -> AsyncIterator[trainer_pb2.WatchMetricsResponse]:
         """Every recorded step >= from_step, then new ones; ends with the run's loop.
 
-        Errors: NOT_FOUND.
+        Errors: NOT_FOUND; INVALID_ARGUMENT (missing or malformed id).
         """
+        require(request, "run_id")
         async for entry in self._runs.watch_metrics(request.run_id, request.from_step):
             yield trainer_pb2.WatchMetricsResponse(
                 step=entry.step, metrics=entry.metrics, time=_timestamp(entry.time_s)

@@ -76,7 +76,8 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
     ) -> trajectory_pb2.GetRolloutResponse:
         """One rollout as recorded. Errors: NOT_FOUND; INVALID_ARGUMENT (empty or malformed id)."""
         require(request, "rollout_id")
-        return trajectory_pb2.GetRolloutResponse(rollout=await asyncio.to_thread(self._repo.rollout, request.rollout_id))
+        rollout = await asyncio.to_thread(self._repo.rollout, request.rollout_id)
+        return trajectory_pb2.GetRolloutResponse(rollout=rollout)
 
     async def ListRollouts(
         self, request: trajectory_pb2.ListRolloutsRequest, context: grpc.aio.ServicerContext[Any, Any]

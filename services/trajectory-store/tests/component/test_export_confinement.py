@@ -12,6 +12,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -43,17 +44,17 @@ async def _record(url: str, address: str) -> None:
     await bus.connect()
     try:
         r0 = make_rollout("r0")
-        eid, ev = submitted(r0)
-        await bus.publish(subject_for("orchestrator", "rollouts_submitted"), ev, event_id=eid)
+        eid, sub = submitted(r0)
+        await bus.publish(subject_for("orchestrator", "rollouts_submitted"), sub, event_id=eid)
         for c in conversation("r0", 2):
-            eid, ev = recorded(c)
-            await bus.publish(subject_for("proxy", "call_recorded"), ev, event_id=eid)
+            eid, rec = recorded(c)
+            await bus.publish(subject_for("proxy", "call_recorded"), rec, event_id=eid)
         done = common_pb2.Rollout()
         done.CopyFrom(r0)
         done.status = common_pb2.ROLLOUT_STATUS_SUCCEEDED
         done.reward = 1.0
-        eid, ev = finished(done, 2)
-        await bus.publish(subject_for("orchestrator", "rollout_finished"), ev, event_id=eid)
+        eid, fin = finished(done, 2)
+        await bus.publish(subject_for("orchestrator", "rollout_finished"), fin, event_id=eid)
     finally:
         await bus.close()
     async with grpc.aio.insecure_channel(address) as ch:
@@ -93,7 +94,7 @@ def _export(store: Store, request: pb.ExportRequest | bytes) -> pb.ExportRespons
         async with grpc.aio.insecure_channel(store.address) as ch:
             try:
                 if isinstance(request, bytes):
-                    raw = ch.unary_unary(
+                    raw: Any = ch.unary_unary(
                         "/openforge.trajectory.v1.TrajectoryService/Export",
                         request_serializer=None,
                         response_deserializer=pb.ExportResponse.FromString,

@@ -92,7 +92,7 @@ def locate(desc: Descriptor, data: bytes, prefix: str = "") -> FieldViolation | 
                 payload, pos = data[pos : pos + size], pos + size
                 if fd is not None and fd.type == FieldDescriptor.TYPE_STRING:
                     payload.decode("utf-8")
-                elif fd is not None and fd.type == FieldDescriptor.TYPE_MESSAGE:
+                elif fd is not None and fd.type == FieldDescriptor.TYPE_MESSAGE and fd.message_type is not None:
                     inner = locate(fd.message_type, payload, f"{path}.")
                     if inner is not None:
                         return inner
