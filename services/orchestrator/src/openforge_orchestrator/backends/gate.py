@@ -20,7 +20,9 @@ transfer coding but ``chunked``, obsolete line folding, bare CR or LF, control c
 
 The keys checked are the ones the proxy reads (``x-api-key``, else ``Authorization: Bearer``):
 every one present must be the sandbox's own; a request with none passes (the proxy answers it
-401 where a key is needed).
+401 where a key is needed). A refused request ends its connection: with the refusal as the
+answer when it was the connection's first request, else (a response to an earlier one could
+be half sent) by closing it.
 """
 
 from __future__ import annotations
@@ -217,8 +219,9 @@ class RequestGate:
                 return
             up_writer = up
             back = asyncio.create_task(self._pump(up_reader, writer))
+            forwarded = [0]
             try:
-                refusal = await self._requests(reader, up)
+                refusal = await self._requests(reader, up, forwarded)
             except (_ClientGone, ConnectionError, OSError):
                 return
             if refusal is None:  # the sandbox side is done sending: pass the half-close on
@@ -229,9 +232,10 @@ class RequestGate:
             self.refused += 1
             log.warning(LOG_REFUSED, rollout_id=self._rollout_id, status=refusal.status, reason=refusal.message)
             back.cancel()
-            with contextlib.suppress(OSError, RuntimeError):
-                writer.write(_refusal_response(refusal))
-                await writer.drain()
+            if not forwarded[0]:  # else a response may be half sent: the connection just ends
+                with contextlib.suppress(OSError, RuntimeError):
+                    writer.write(_refusal_response(refusal))
+                    await writer.drain()
         finally:
             if back is not None:
                 back.cancel()
@@ -242,8 +246,10 @@ class RequestGate:
             if task is not None:
                 self._tasks.discard(task)
 
-    async def _requests(self, reader: asyncio.StreamReader, up: asyncio.StreamWriter) -> Refusal | None:
-        """Forwards requests until the sandbox side ends (None) or one is refused."""
+    async def _requests(
+        self, reader: asyncio.StreamReader, up: asyncio.StreamWriter, forwarded: list[int]
+    ) -> Refusal | None:
+        """Forwards requests until the sandbox side ends (None) or one is refused; counts them."""
         while True:
             try:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -262,6 +268,7 @@ class RequestGate:
                 if any(not hmac.compare_digest(k, self._key) for k in request.keys()):
                     raise Refusal(403, "this key does not belong to this sandbox")
                 up.write(request.serialize())
+                forwarded[0] += 1
                 if request.chunked:
                     await self._chunks(reader, up)
                 else:

@@ -260,8 +260,7 @@ class LocalBackend:
         sandbox of a live orchestrator sharing the root, is left alone. Nothing is removed
         but the sandbox folder, its socket and its cgroup, all named after the lock file.
         """
-        sockets = self._sockets
-        assert sockets is not None and self._limiter is not None
+        assert self._limiter is not None
         removed = 0
         for lock in sorted(self.root.glob(f"*{LOCK_SUFFIX}")):
             name = lock.name[: -len(LOCK_SUFFIX)]
@@ -279,11 +278,12 @@ class LocalBackend:
                 if not self._still_at(lock, fd):
                     continue
                 sb = self.root / name
-                sock = sockets / f"{self._ident(sb)}.sock"
+                sock = self.socket_of(sb)
                 with contextlib.suppress(FileNotFoundError):
                     if stat.S_ISSOCK(sock.lstat().st_mode):
                         sock.unlink()
                 self._limiter.remove(self._cgroup_name(sb))
+                self._kill_leftovers(sb)
                 remove_tree(sb)
                 lock.unlink()
                 removed += 1
@@ -294,11 +294,31 @@ class LocalBackend:
         return removed
 
     @staticmethod
+    def _kill_leftovers(sb: Path) -> None:
+        """SIGKILLs this user's processes started on the sandbox folder ``sb`` (its bwrap).
+
+        ``--die-with-parent`` misses one case: the orchestrator dying while bwrap is still
+        setting up (the sandbox's own first process is not yet tied to its parent), and without
+        a cgroup nothing else finds it.
+        """
+        needle = f"{sb / 'app'}\0".encode()
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if proc.stat().st_uid == os.getuid() and needle in (proc / "cmdline").read_bytes():
+                    os.kill(int(proc.name), signal.SIGKILL)
+
+    @staticmethod
     def _still_at(path: Path, fd: int) -> bool:
         try:
             return os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
             return False
+
+    def socket_of(self, sandbox: Path) -> Path:
+        """The proxy socket the sandbox folder ``sandbox`` is served on (its host end)."""
+        return self._ensure_dirs() / f"{self._ident(sandbox)}.sock"
 
     @staticmethod
     def _ident(sb: Path) -> str:
@@ -548,7 +568,7 @@ class LocalBackend:
                     self._write_files(sb, plan.launch)
                 if plan.with_proxy:
                     # bind-mounted into the sandbox over a placeholder file
-                    socket_path = self._ensure_dirs() / f"{self._ident(sb)}.sock"
+                    socket_path = self.socket_of(sb)
                     server = await asyncio.start_unix_server(gate.handle, path=str(socket_path), limit=MAX_HEAD)
                     (sb / "run" / "proxy.sock").touch()
                 assert self._limiter is not None
