@@ -33,7 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import orjson
 import structlog
@@ -860,22 +860,46 @@ def _convert(
     _check_model(session, request.model)
     try:
         tools = state.splicer.tools_key(request.tools)
+    except orjson.JSONEncodeError as exc:
+        raise _too_deep(exc) from exc
+    plan = _build(state, request, tools)  # first: a prompt that cannot fit is refused before the rest
+    try:
         canonical_json = request.record_json()
     except orjson.JSONEncodeError as exc:
         raise _too_deep(exc) from exc
-    return request, tools, canonical_json, _build(state, request, tools)
+    return request, tools, canonical_json, plan
 
 
 async def _off_loop(fn: Callable[..., _T], *args: Any) -> _T:
     """``fn(*args)`` in a worker thread. If the caller is cancelled meanwhile, it still waits for
-    the thread to end (what it touches is not used by two threads at once), then re-raises."""
-    future = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    the thread to end (what it touches is not used by two threads at once), then re-raises.
+
+    An :class:`ApiError` from ``fn`` is raised again here without the worker's traceback: that
+    traceback's frames hold the request (tens of MiB for a large one) and, through the futures
+    that carried the error, would form a reference cycle only a full collection frees.
+    """
+
+    def call() -> tuple[_T | None, ApiError | None]:
+        try:
+            return fn(*args), None
+        except ApiError as exc:
+            return None, ApiError(exc.kind, exc.message, status=exc.status, retry_after_s=exc.retry_after_s)
+
+    future = asyncio.ensure_future(asyncio.to_thread(call))
     try:
-        return await asyncio.shield(future)
+        result, err = await asyncio.shield(future)
     except asyncio.CancelledError:
         with contextlib.suppress(BaseException):
             await future
         raise
+    finally:
+        del future
+    if err is not None:
+        try:
+            raise err
+        finally:  # the frame would hold the error its traceback holds the frame of
+            del err
+    return cast(_T, result)
 
 
 @dataclass
