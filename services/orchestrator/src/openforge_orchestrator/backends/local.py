@@ -173,19 +173,28 @@ def remove_tree(path: Path) -> None:
             path.unlink()
 
 
-def private_dir(path: Path) -> Path:
-    """``path`` as a folder only this user can use: created 0700, or narrowed to 0700.
+def owned_dir(path: Path) -> Path:
+    """``path`` as a folder of this user: created 0700 when missing.
 
     Raises:
-        SandboxStartError: It exists but is a link, not a folder, or someone else's (a shared
-            folder such as ``/tmp`` could hold one planted by another user).
+        SandboxStartError: It exists but is a link, not a folder, or someone else's.
     """
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700, parents=True)
     st = path.lstat()
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         raise SandboxStartError(f"{path} must be a folder of uid {os.getuid()}, not a link")
-    if st.st_mode & 0o077:
+    return path
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a folder of this user only: :func:`owned_dir`, narrowed to 0700.
+
+    Raises:
+        SandboxStartError: See :func:`owned_dir` (a shared folder such as ``/tmp`` could hold
+            one planted by another user).
+    """
+    if owned_dir(path).lstat().st_mode & 0o077:
         os.chmod(path, 0o700)
     return path
 
@@ -241,7 +250,7 @@ class LocalBackend:
     def _ensure_dirs(self) -> Path:
         """The root (0700) and the socket folder, set up once; the first call cleans stale sandboxes."""
         if self._sockets is None:
-            private_dir(self.root)
+            owned_dir(self.root)  # each sandbox in it is 0700
             # AF_UNIX paths are limited to 107 bytes: sockets live in a short private folder.
             sockets = private_dir(Path(tempfile.gettempdir()) / f"openforge-{os.getuid()}")
             if self._limiter is None:
@@ -257,8 +266,9 @@ class LocalBackend:
         the sandbox and held (``flock``) by its orchestrator until the sandbox, its proxy
         socket and its cgroup are removed. A lock file nobody holds marks what a crashed
         orchestrator left (the kernel drops the lock of a killed process); a held one, a
-        sandbox of a live orchestrator sharing the root, is left alone. Nothing is removed
-        but the sandbox folder, its socket and its cgroup, all named after the lock file.
+        sandbox of a live orchestrator sharing the root, is left alone, and so is a lock file of
+        another user. Nothing is removed but the sandbox folder, its socket, its cgroup and
+        processes started on it, all named after the lock file.
         """
         assert self._limiter is not None
         removed = 0
@@ -275,7 +285,7 @@ class LocalBackend:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue  # its orchestrator is alive
-                if not self._still_at(lock, fd):
+                if not self._still_at(lock, fd) or os.fstat(fd).st_uid != os.getuid():
                     continue
                 sb = self.root / name
                 sock = self.socket_of(sb)
