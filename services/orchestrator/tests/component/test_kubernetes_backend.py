@@ -300,6 +300,10 @@ async def test_a_rollout_runs_as_a_job_and_its_reward_is_read_from_the_pod(
     harness = next(c for c in spec["template"]["spec"]["initContainers"] if c["name"] == HARNESS_CONTAINER)
     key_env = next(e for e in harness["env"] if e["name"] == "OPENFORGE_API_KEY")
     assert key_env["valueFrom"]["secretKeyRef"] == {"name": name, "key": "env.OPENFORGE_API_KEY"}
+    launch_volume = next(v for v in spec["template"]["spec"]["volumes"] if v["name"] == "launch")
+    assert launch_volume["secret"]["defaultMode"] == 0o440  # no other user reads the key's files
+    pod_security = spec["template"]["spec"]["securityContext"]
+    assert pod_security["fsGroup"] == pod_security["runAsUser"]  # ... and the harness still can
     run_sh = base64.b64decode(secret["data"]["run.sh"]).decode()
     assert "timeout -k 5 120 codex exec --skip-git-repo-check" in run_sh
     # Limits from task.toml, deadline, TTL, images.

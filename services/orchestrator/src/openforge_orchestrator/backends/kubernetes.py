@@ -434,7 +434,8 @@ class KubernetesBackend:
             {"name": "status", "emptyDir": {}},
             {"name": "agent-logs", "emptyDir": {}},
             {"name": "verifier-logs", "emptyDir": {}},
-            {"name": "launch", "secret": {"secretName": name, "items": launch_items, "defaultMode": 0o444}},
+            # the start script and config files may hold the key: the pod's user and group (fsGroup) only
+            {"name": "launch", "secret": {"secretName": name, "items": launch_items, "defaultMode": 0o440}},
             {"name": "tests", "secret": {"secretName": name, "items": tests_items, "defaultMode": 0o444}},
         ]
         if task.resources.storage_mb:

@@ -117,8 +117,9 @@ LOG_STALE = "sandbox.stale_removed"
 
 #: Suffix of the lock file each live sandbox's orchestrator holds (``<root>/<name>.lock``).
 LOCK_SUFFIX = ".lock"
-#: A sandbox's name: ``<rollout_id>-<6 hex>``, as :meth:`LocalBackend.execute` makes it.
-_SANDBOX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}-[0-9a-f]{6}")
+#: A sandbox's name: ``<rollout_id, other characters as _, at most 64>-<6 hex>``
+#: (:meth:`LocalBackend.execute`).
+_SANDBOX_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}-[0-9a-f]{6}")
 
 
 def _read_tail(path: Path, limit: int = _OUTPUT_TAIL) -> str:
@@ -243,12 +244,13 @@ class LocalBackend:
         """Prepares the sandbox root and removes what a crashed orchestrator left in it.
 
         Raises:
-            SandboxStartError: The root or the socket folder is not private to this user.
+            SandboxStartError: The root is not this user's folder, or the socket folder is not
+                private to this user.
         """
         await asyncio.to_thread(self._ensure_dirs)
 
     def _ensure_dirs(self) -> Path:
-        """The root (0700) and the socket folder, set up once; the first call cleans stale sandboxes."""
+        """The root and the socket folder, set up once; the first call cleans stale sandboxes."""
         if self._sockets is None:
             owned_dir(self.root)  # each sandbox in it is 0700
             # AF_UNIX paths are limited to 107 bytes: sockets live in a short private folder.
@@ -579,7 +581,9 @@ class LocalBackend:
                 if plan.with_proxy:
                     # bind-mounted into the sandbox over a placeholder file
                     socket_path = self.socket_of(sb)
-                    server = await asyncio.start_unix_server(gate.handle, path=str(socket_path), limit=MAX_HEAD)
+                    server = await asyncio.start_unix_server(
+                        gate.handle, path=str(socket_path), limit=MAX_HEAD, backlog=1024
+                    )
                     (sb / "run" / "proxy.sock").touch()
                 assert self._limiter is not None
                 cgroup = self._limiter.create(self._cgroup_name(sb), self._limits(plan.task))
