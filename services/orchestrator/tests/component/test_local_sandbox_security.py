@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -307,6 +308,27 @@ async def test_an_orchestrator_stopped_cleans_up_and_one_killed_is_cleaned_up_af
     with pytest.raises(asyncio.CancelledError):
         await live
     assert sorted(p.name for p in (tmp_path / "sb").iterdir()) == [".static"]
+
+
+async def test_start_removes_only_sandboxes_whose_lock_nobody_holds(tmp_path: Path) -> None:
+    root = tmp_path / "sb"
+    root.mkdir()
+    stale = root / "_odd_rollout_id-0a1b2c"  # any sanitised rollout id
+    (stale / "run").mkdir(parents=True)
+    (stale / "run" / "config.json").write_text(KEY)
+    (root / f"{stale.name}{LOCK_SUFFIX}").touch()
+    foreign = [root / "notes", root / "ro-x-0a1b2c"]  # no lock file / a name that is not a sandbox's
+    for f in foreign:
+        f.mkdir()
+    (root / "notes.lock").touch()
+    sock = _backend(tmp_path / "elsewhere").socket_of(stale)  # its stale socket, made by hand
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(sock))
+    backend = _backend(tmp_path)
+    await backend.start()
+    assert not stale.exists() and not (root / f"{stale.name}{LOCK_SUFFIX}").exists() and not sock.exists()
+    assert all(f.exists() for f in foreign) and (root / "notes.lock").exists()
+    assert backend.clean_stale() == 0
 
 
 # --- the bridge under connection churn -------------------------------------------------------
