@@ -79,9 +79,9 @@ async def proxy() -> AsyncIterator[FakeProxy]:
     p.close()
 
 
-def _backend(root: Path, proxy_port: int = 9, **settings: object) -> LocalBackend:
+def _backend(root: Path, proxy_port: int = 9, pids: int = 1024) -> LocalBackend:
     return LocalBackend(
-        LocalSandboxSettings(root=str(root / "sb"), cache=str(root / "cache"), artifacts="", **settings),  # type: ignore[arg-type]
+        LocalSandboxSettings(root=str(root / "sb"), cache=str(root / "cache"), artifacts="", pids=pids),
         f"127.0.0.1:{proxy_port}",
     )
 
