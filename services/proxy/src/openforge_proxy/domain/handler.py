@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import hashlib
 import secrets
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -66,6 +67,10 @@ DEFAULT_MAX_TOKENS = 4096
 #: Request bodies from this size (bytes) are parsed, rendered and tokenized in a worker thread,
 #: so that other sessions' calls are served meanwhile.
 OFFLOAD_MIN_BYTES = 1 << 20
+#: The interpreter's thread switch interval (seconds; CPython's default is 0.005) while such a
+#: conversion runs: the event loop waits at most this long for the interpreter lock each time
+#: it takes it back from the worker (it does so at every system call), not 5 ms.
+OFFLOAD_SWITCH_INTERVAL_S = 0.0005
 
 _T = TypeVar("_T")
 
@@ -870,6 +875,29 @@ def _convert(
     return request, tools, canonical_json, plan
 
 
+class _SwitchInterval:
+    """Sets the interpreter's switch interval to :data:`OFFLOAD_SWITCH_INTERVAL_S` while at least
+    one worker conversion runs, and back to what it was after the last (event loop thread only)."""
+
+    def __init__(self) -> None:
+        self._running = 0
+        self._previous = 0.0
+
+    def enter(self) -> None:
+        if self._running == 0:
+            self._previous = sys.getswitchinterval()
+            sys.setswitchinterval(min(self._previous, OFFLOAD_SWITCH_INTERVAL_S))
+        self._running += 1
+
+    def leave(self) -> None:
+        self._running -= 1
+        if self._running == 0:
+            sys.setswitchinterval(self._previous)
+
+
+_switching = _SwitchInterval()
+
+
 async def _off_loop(fn: Callable[..., _T], *args: Any) -> _T:
     """``fn(*args)`` in a worker thread. If the caller is cancelled meanwhile, it still waits for
     the thread to end (what it touches is not used by two threads at once), then re-raises.
@@ -886,6 +914,7 @@ async def _off_loop(fn: Callable[..., _T], *args: Any) -> _T:
             return None, ApiError(exc.kind, exc.message, status=exc.status, retry_after_s=exc.retry_after_s)
 
     future = asyncio.ensure_future(asyncio.to_thread(call))
+    _switching.enter()
     try:
         result, err = await asyncio.shield(future)
     except asyncio.CancelledError:
@@ -893,6 +922,7 @@ async def _off_loop(fn: Callable[..., _T], *args: Any) -> _T:
             await future
         raise
     finally:
+        _switching.leave()
         del future
     if err is not None:
         try:
