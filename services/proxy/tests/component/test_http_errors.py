@@ -312,6 +312,9 @@ async def test_a_record_over_the_bus_limit_stops_the_harness(model_dir: Path, st
     reply = await proxy.post(MESSAGES, anthropic_body(stream=False), key=key)
     assert_anthropic_error(reply, 400, "invalid_request_error")
     assert proxy.recorder.records == []
+    # nothing of the refused calls stays in the session: no conversation view, no cached ids
+    state = proxy.handler.state("r1")
+    assert state is not None and not state.splicer.heads and len(state.splicer.cache) == 0
 
 
 async def test_engine_output_the_store_would_refuse_fails_the_call_unrecorded(

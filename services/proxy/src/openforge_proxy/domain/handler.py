@@ -755,6 +755,9 @@ class CallHandler:
                 if isinstance(exc, RecordTooLarge):  # retrying cannot succeed: the harness must stop
                     log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=str(exc))
                     err = ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {exc}")
+                    # nothing of the refused call stays in the session (its ids, the body parsed)
+                    p.state.splicer.forget_head(turn_id)
+                    p.state.drop_caches()
                 else:
                     log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=type(exc).__name__)
                     err = ApiError(ErrorKind.UNAVAILABLE, "the call could not be recorded; retry")

@@ -631,6 +631,14 @@ class Splicer:
                 return next((g for g in gens if g.delivered), gens[0]).turn_id, rule
         return None, _BY_NONE
 
+    def forget_head(self, turn_id: str) -> None:
+        """Drops the conversation view a committed turn ended (its prompt and sampled ids),
+        for a turn whose answer was refused for good: a later request that holds the turn is
+        rendered again instead of extending it."""
+        if self.heads.pop(turn_id, None) is not None:
+            self._matching = None
+            self._memo = None
+
     def undelivered(self, turn_id: str) -> None:
         """Marks a committed turn whose answer never reached the harness (it left first): among
         turns that say the same, :meth:`match` takes it last."""
