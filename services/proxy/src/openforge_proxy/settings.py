@@ -32,8 +32,8 @@ class HttpSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
-    header_timeout_s: float = Field(default=15.0, ge=0)
-    body_timeout_s: float = Field(default=120.0, ge=0)
+    header_timeout_s: float = Field(default=10.0, ge=0)
+    body_timeout_s: float = Field(default=60.0, ge=0)
 
 
 class ModelSettings(_Section):

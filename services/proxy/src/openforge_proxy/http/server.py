@@ -71,9 +71,9 @@ EV_BODY_TIMEOUT = "http.body_timeout"
 EV_BAD_REQUEST = "http.bad_request"
 
 #: Default seconds for a request's line and headers to arrive.
-HEADER_TIMEOUT_S = 15.0
+HEADER_TIMEOUT_S = 10.0
 #: Default seconds for a request's body to arrive once its headers did.
-BODY_TIMEOUT_S = 120.0
+BODY_TIMEOUT_S = 60.0
 
 _ROUTES: tuple[tuple[str, str, WireApi | None], ...] = (
     ("/messages/count_tokens", "POST", WireApi.ANTHROPIC_MESSAGES),
