@@ -169,6 +169,27 @@ async def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing_and_leaves_
     assert [r.attempt for r in proxy.recorder.records] == [1, 2]  # the same call again: its retry
 
 
+async def test_a_rendered_prompt_that_cannot_fit_is_refused_before_tokenizing(
+    model_dir: Path, start_proxy: Any
+) -> None:
+    """Assistant text is not counted before rendering (a template may drop part of it): a
+    conversation too long only through it is refused once rendered, still before tokenizing."""
+    proxy = await start_proxy(ScriptedInferenceServer(model_dir, default=lambda prompt: "ok"))
+    key = proxy.session(model_name="policy-model")
+    long_answer = "lorem ipsum dolor sit amet " * 120_000
+    body = {
+        "model": "policy-model",
+        "messages": [
+            {"role": "user", "content": "Say hi."},
+            {"role": "assistant", "content": long_answer},
+            {"role": "user", "content": "Go on."},
+        ],
+    }
+    err = openai_error(await proxy.post(CHAT, body, headers=auth(key, True)), 400)
+    assert err["message"].startswith("prompt is too long: at least ") and "131071 maximum" in err["message"]
+    assert proxy.handler.state("r1") is None and proxy.recorder.records == []
+
+
 async def test_headers_that_do_not_arrive_in_time_close_the_connection(model_dir: Path, start_proxy: Any) -> None:
     proxy = await start_proxy(ScriptedInferenceServer(model_dir), header_timeout_s=0.5)
     port = proxy.http.port

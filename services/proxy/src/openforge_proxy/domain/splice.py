@@ -512,8 +512,9 @@ class Splicer:
         max_heads: Conversation views kept (one per live thread: main agent,
             sub-agents, recent retries).
         template_kwargs: Extra template variables.
-        max_prompt_tokens: Longest prompt, tokens (0 = no limit): a text whose length alone
-            shows the prompt would be longer is refused before it is tokenized
+        max_prompt_tokens: Longest prompt, tokens (0 = no limit): a conversation whose
+            messages' text alone, or a rendered text whose length alone, shows the prompt
+            would be longer is refused before it is rendered or tokenized
             (:class:`PromptTooLong`).
     """
 
@@ -690,6 +691,7 @@ class Splicer:
             jinja2.TemplateError: The template refused the conversation.
             PromptTooLong: The prompt would be longer than ``max_prompt_tokens``.
         """
+        self._check_fits(messages)
         tools_key, tool_dicts = tools_of if tools_of is not None else self.tools_key(tools)
         matched = self._match_all(messages)
         report = SpliceReport()
@@ -812,6 +814,24 @@ class Splicer:
         else:
             report.break_cause = BreakCause.SUB_AGENT
             report.break_detail = "a conversation that starts unlike any earlier one of this session"
+
+    def _check_fits(self, messages: list[Message]) -> None:
+        """Refuses, before anything is rendered, a conversation whose system, user and tool
+        messages' text alone needs more tokens than ``max_prompt_tokens`` (chat templates
+        render that text whole; assistant text is not counted: a template may drop part of
+        it, such as reasoning left in it).
+
+        Raises:
+            PromptTooLong: It cannot fit.
+        """
+        if not self._max_prompt:
+            return
+        at_least = 0
+        for m in messages:
+            if m.role != "assistant" and m.content:
+                at_least += self._codec.min_tokens(m.content, above=self._max_prompt - at_least)
+                if at_least > self._max_prompt:
+                    raise PromptTooLong(at_least, self._max_prompt)
 
     def _render(
         self, view: list[Message], turns: list[str | None], tool_dicts: list[dict[str, Any]]

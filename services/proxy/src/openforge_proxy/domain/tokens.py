@@ -279,13 +279,20 @@ class TokenizerCodec:
         Args:
             text: The text.
             above: 0 is also returned, without normalizing the text, where its length alone
-                shows the bound is at most ``above``.
+                shows the bound is at most ``above``; a smaller bound than the best may be
+                returned where that one already exceeds ``above``.
         """
         longest = self._longest_piece()
         if not longest or not text or -(-4 * len(text) // longest) <= above:
             return 0
         normalizer = self._tok.normalizer
-        normalized = normalizer.normalize_str(text) if normalizer is not None else text
+        if normalizer is None:
+            by_chars = -(-len(text) // longest)  # a text has at least as many bytes as characters
+            if by_chars > above:
+                return by_chars
+            normalized = text
+        else:
+            normalized = normalizer.normalize_str(text)
         return -(-len(normalized.encode("utf-8", "surrogatepass")) // longest)
 
     def _longest_piece(self) -> int:
