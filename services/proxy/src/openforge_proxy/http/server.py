@@ -56,7 +56,13 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from openforge_proxy.domain.conversation import WireApi
-from openforge_proxy.domain.handler import CallHandler, ClientGone, error_response, new_request_id
+from openforge_proxy.domain.handler import (
+    OFFLOAD_MIN_BYTES,
+    CallHandler,
+    ClientGone,
+    error_response,
+    new_request_id,
+)
 from openforge_proxy.domain.output import ApiError, ErrorKind
 from openforge_proxy.domain.protocols import dumps
 
@@ -270,7 +276,9 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
     """The request body, decoded per ``Content-Encoding``, at most ``limit`` bytes.
 
     A ``gzip`` body may hold several members and a ``zstd`` body several frames
-    (decoded in order and joined); ``limit`` applies to their total.
+    (decoded in order and joined); ``limit`` applies to their total. A body from
+    :data:`~openforge_proxy.domain.handler.OFFLOAD_MIN_BYTES` is joined in a worker thread
+    (``bytes.join`` of that much lets other threads run: the event loop is not held).
 
     Raises:
         BodyTooLarge: Over ``limit`` (before or after decoding).
@@ -305,6 +313,8 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
             decoder.feed(chunk)
     if decoder is not None and raw:
         decoder.finish()
+    if len(out.parts) > 1 and out.size >= OFFLOAD_MIN_BYTES:
+        return await asyncio.to_thread(b"".join, out.parts)
     return b"".join(out.parts)
 
 
