@@ -309,3 +309,15 @@ async def test_calls_converted_in_a_worker_thread_are_served_and_spliced(model_d
         recs = [r for r in proxy.recorder.records if r.rollout_id == f"r{i}"]
         # each call reuses the exact ids the session's earlier calls sampled
         assert [len(r.splice.reused) for r in recs] == [0, 1, 2]
+    # concurrent calls of one session (sub-agents): prepared one at a time, all served
+    key = proxy.session("r9")
+    replies = await asyncio.gather(
+        *(
+            proxy.post(
+                CHAT, {"model": "m", "messages": [{"role": "user", "content": f"agent {i}"}]}, headers=auth(key, True)
+            )
+            for i in range(6)
+        )
+    )
+    assert [r.status for r in replies] == [200] * 6
+    assert len([r for r in proxy.recorder.records if r.rollout_id == "r9"]) == 6

@@ -303,7 +303,7 @@ class CallHandler:
         self._offload_min = offload_min_bytes
         # per session: the lock its requests are prepared under (present while one is held or
         # awaited) and its calls admitted and not yet answered
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, _SessionLock] = {}
         self._in_flight: dict[str, int] = {}
         self._draining: set[asyncio.Future[None]] = set()
         sessions.on_end.append(self.forget)
@@ -467,14 +467,16 @@ class CallHandler:
     async def _session_lock(self, rollout_id: str) -> AsyncIterator[None]:
         """Holds the session's lock: one request of a session is prepared at a time (its
         conversion and splice state is not shared with a worker thread)."""
-        lock = self._locks.get(rollout_id)
-        if lock is None:
-            lock = self._locks[rollout_id] = asyncio.Lock()
+        entry = self._locks.get(rollout_id)
+        if entry is None:
+            entry = self._locks[rollout_id] = _SessionLock()
+        entry.users += 1
         try:
-            async with lock:
+            async with entry.lock:
                 yield
         finally:
-            if not lock.locked() and self._locks.get(rollout_id) is lock:
+            entry.users -= 1
+            if not entry.users:  # no request holds or awaits it
                 del self._locks[rollout_id]
 
     def _refused(self, rollout_id: str, prior: SessionCalls | None) -> None:
@@ -933,6 +935,14 @@ async def _off_loop(fn: Callable[..., _T], *args: Any) -> _T:
         finally:  # the frame would hold the error its traceback holds the frame of
             del err
     return cast(_T, result)
+
+
+class _SessionLock:
+    """A session's lock and the requests holding or awaiting it."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
 
 
 @dataclass
