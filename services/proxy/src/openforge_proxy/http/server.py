@@ -510,7 +510,9 @@ class HttpServer:
         try:
             return await self._serve(request)
         finally:
-            if isinstance(connection, _Connection):
+            # a body left unread (refused while read) is read and dropped by aiohttp, then the
+            # connection is closed: those bytes begin no request
+            if isinstance(connection, _Connection) and request.content.is_eof():
                 connection.request_done()
 
     async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
