@@ -216,6 +216,25 @@ async def test_headers_that_do_not_arrive_in_time_close_the_connection(model_dir
     writer.close()
 
 
+async def test_the_rest_of_a_refused_body_is_no_new_request(model_dir: Path, start_proxy: Any) -> None:
+    """aiohttp reads and drops what is left of a body refused while read: those bytes do not
+    start the header deadline of a request that never comes."""
+    proxy = await start_proxy(ScriptedInferenceServer(model_dir), max_body_bytes=64 * 1024, header_timeout_s=0.3)
+    key = proxy.session()
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.http.port)
+    writer.write(
+        f"POST {CHAT} HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: 200000\r\n"
+        f"Authorization: Bearer {key}\r\n\r\n".encode()
+        + b"x" * 10_000
+    )
+    assert (await read_one(reader)).status == 413
+    for _ in range(8):  # the rest, slowly: longer than the header deadline
+        writer.write(b"x" * 1000)
+        await asyncio.sleep(0.1)
+    writer.close()
+    assert b"408" not in await asyncio.wait_for(reader.read(), 5)
+
+
 @pytest.mark.parametrize("api", ["anthropic", "chat"])
 async def test_a_body_that_does_not_arrive_in_time_is_408_in_the_callers_shape(
     api: str, model_dir: Path, start_proxy: Any
