@@ -280,17 +280,18 @@ class Reference:
             ep.reward = self._verify(ep)
         return eps
 
-    def demonstrations(self, tasks: list[Task], max_turns: int) -> list[Episode]:
+    def demonstrations(self, tasks: list[Task], max_turns: int, error_rate: float = 0.0) -> list[Episode]:
         """The oracle's conversations, teacher-forced: each answer is the ``scripted-oracle``
         engine's own (:func:`oracle_completion` on the decoded prompt), for ``max_turns`` turns
         at most (the submit call ends a conversation)."""
         plans = {root: OraclePlans(root) for root in {t.folder.parents[1] for t in tasks}}
+        rng = random.Random(f"demonstrations:{self.cfg.seed}")
         eps = []
         for t in tasks:
             ep = self._start(t)
             for _ in range(max_turns):
                 prompt = self.tok.decode(ep.prompt_ids + ep.response, skip_special_tokens=False)
-                text = oracle_completion(plans[t.folder.parents[1]], prompt)
+                text = oracle_completion(plans[t.folder.parents[1]], prompt, error_rate=error_rate, rng=rng)
                 ids = self.tok.encode(text + "<|im_end|>", add_special_tokens=False)
                 self._act(ep, text, ids, [0.0] * len(ids))
                 if ep.done:
@@ -324,6 +325,15 @@ class Reference:
     def train(self, samples: list[Any], sft: bool) -> dict[str, float]:
         from openforge_trainer.domain.samples import TrainBatch
 
+        if not sft and self.cfg.shuffle_rewards:  # the negative control, as the trainer's loop applies it
+            from openforge_trainer.domain.samples import shuffle_rewards
+
+            groups = list(dict.fromkeys(s.group_id for s in samples))
+            samples = [
+                x
+                for g in groups
+                for x in shuffle_rewards([s for s in samples if s.group_id == g], random.Random(f"{self.cfg.seed}:{g}"))
+            ]
         batch = TrainBatch(tuple(samples), self.version)
         metrics = self.backend.train_sft(batch) if sft else self.backend.train_rl(batch)
         self.version += 1
@@ -351,6 +361,7 @@ def reference_main(argv: list[str]) -> int:
     ap.add_argument("--demo-tasks", default="", help="comma-separated train task ids demonstrated (default: all)")
     ap.add_argument("--sft-steps", type=int, default=80, help="SFT passes over the demonstrations (0: none)")
     ap.add_argument("--sft-lr", type=float, default=3e-3)
+    ap.add_argument("--demo-error-rate", type=float, default=0.0, help="the demonstrator's error rate")
     ap.add_argument("--save-sft", type=Path, default=None, help="write the warm-started model here")
     ap.add_argument("--rl-steps", type=int, default=10)
     ap.add_argument("--rl-lr", type=float, default=2e-4)
@@ -361,6 +372,7 @@ def reference_main(argv: list[str]) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--show", action="store_true", help="print every evaluation rollout's answers")
+    ap.add_argument("--run", default="{}", help="more RunConfig fields of the RL phase, as JSON")
     args = ap.parse_args(argv)
     model = args.model
     if model is None:
@@ -375,7 +387,9 @@ def reference_main(argv: list[str]) -> int:
     if args.sft_steps:
         sft = Reference(model, args.settings, {"learning_rate": args.sft_lr, "seed": args.seed})
         picked = [t for t in train if t.task_id in args.demo_tasks.split(",")] if args.demo_tasks else train
-        demos = sft.samples(sft.demonstrations(picked, args.max_turns), "sft")
+        demo_eps = sft.demonstrations(picked, args.max_turns, args.demo_error_rate)
+        print(f"demonstrations: {len(demo_eps)}, reward {statistics.fmean(e.reward for e in demo_eps):.3f}")
+        demos = sft.samples(demo_eps, "sft")
         for step in range(args.sft_steps):
             m = sft.train(demos, sft=True)
             if step % 10 == 0 or step == args.sft_steps - 1:
@@ -384,7 +398,7 @@ def reference_main(argv: list[str]) -> int:
         sft.backend.save_checkpoint(model)
     t1 = time.perf_counter()
     # The RL phase starts from the warm-started weights with a fresh optimizer, as the real path.
-    run = {"learning_rate": args.rl_lr, "seed": args.seed, "temperature": args.temperature}
+    run = {"learning_rate": args.rl_lr, "seed": args.seed, "temperature": args.temperature, **json.loads(args.run)}
     ref = Reference(model, args.settings, run)
     before = evaluate(ref, test, args.eval_k, limits, args.show)
     print(f"eval before: reward {before:.3f}")

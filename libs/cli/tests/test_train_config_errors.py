@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -153,3 +154,20 @@ def test_harness_not_installed_is_named_before_anything_starts(tmp_path: Path, m
     assert code == 1, out
     assert "harness: mini-swe-agent is not installed in" in out
     assert "openforge harness install mini-swe-agent" in out
+
+
+def test_the_warm_start_engine_gets_the_demonstrators_error_rate_and_the_run_seed(tmp_path: Path) -> None:
+    from openforge_cli.train import LocalStack, load_train_config
+
+    cfg = load_train_config(ROOT / "examples" / "demo" / "demo.yaml")
+    assert cfg.warm_start is not None and cfg.warm_start.error_rate == 0.5
+    cfg = cfg.model_copy(update={"run": {**cfg.run, "seed": 7}})
+    stack = LocalStack(tmp_path, base_port=50100, nats_port=4300, http_port=8100)
+    warm = stack.env(cfg, cfg.warm_start.engine, tmp_path)
+    assert (warm["OPENFORGE_SCRIPTED_ERROR_RATE"], warm["OPENFORGE_SEED"]) == ("0.5", "7")
+    policy = stack.env(cfg, cfg.stack.engine, tmp_path)
+    assert "OPENFORGE_SCRIPTED_ERROR_RATE" not in policy and "OPENFORGE_SEED" not in policy
+    path = tmp_path / "t.yaml"
+    path.write_text(BASE.format(model=tmp_path, tasks=TASKS) + "warm_start: {error_rate: 1.5}\n")
+    with pytest.raises(click.ClickException, match=r"warm_start\.error_rate"):
+        load_train_config(path)

@@ -124,10 +124,13 @@ class WarmStartSpec(_Section):
 
     Attributes:
         engine: The engine that produces the demonstrations (``scripted-oracle``).
+        error_rate: The ``scripted-oracle`` demonstrator's error rate: the probability that a
+            demonstration follows another task's plan (drawn with ``run.seed``); 0 = always right.
         run: Run-config fields of the SFT run (``mode: sft`` is set), over ``run``'s.
     """
 
     engine: str = "scripted-oracle"
+    error_rate: float = Field(default=0.0, ge=0, le=1)
     run: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -166,7 +169,7 @@ class TrainConfig(_Section):
         eval: Evaluation before and after RL (None: none).
     """
 
-    run_id: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    run_id: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=96)
     model: ModelSpec
     harness: str = "mini-swe-agent"
     harness_config: Path | None = None
@@ -406,6 +409,9 @@ class LocalStack:
             "OPENFORGE_RESUME_ON_START": "false",
             "OPENFORGE_STORE__DSN": f"sqlite:///{s / 'trajectories.db'}",
         }
+        if cfg.warm_start is not None and engine == cfg.warm_start.engine:
+            env["OPENFORGE_SCRIPTED_ERROR_RATE"] = str(cfg.warm_start.error_rate)
+            env["OPENFORGE_SEED"] = str(cfg.run.get("seed", 0))
         if cfg.harness_config is not None:
             env["OPENFORGE_HARNESS__CONFIG_FILES"] = json.dumps({cfg.harness: str(cfg.harness_config.resolve())})
         env.update(cfg.stack.env)

@@ -44,6 +44,7 @@ class InferenceApp:
                     kv_cache_gib=settings.kv_cache_gib,
                     threads=settings.threads,
                     tasks_root=settings.scripted_tasks_root,
+                    scripted_error_rate=settings.scripted_error_rate,
                 ),
             )
         self.servicer = InferenceServicer(self.engine, self._weights_loaded)

@@ -29,6 +29,8 @@ class InferenceSettings(ServiceSettings):
             gRPC health status NOT_SERVING until it recovers.
         scripted_tasks_root: Folder of task sets (``<root>/<set>/<id>/``) whose oracles the
             ``scripted-oracle`` engine replays (``OPENFORGE_SCRIPTED_TASKS_ROOT``).
+        scripted_error_rate: Probability that a ``scripted-oracle`` conversation follows another
+            task's plan (an imperfect demonstrator; draws seeded by ``seed``).
     """
 
     service_name: ClassVar[str] = "inference"
@@ -43,3 +45,4 @@ class InferenceSettings(ServiceSettings):
     threads: int | None = Field(default=None, ge=1)
     health_check_s: float = Field(default=5.0, gt=0)
     scripted_tasks_root: Path | None = None
+    scripted_error_rate: float = Field(default=0.0, ge=0, le=1)

@@ -139,3 +139,30 @@ def test_oracle_steps_keep_whole_scripts_whole() -> None:
     from openforge_cli import task_family
 
     assert task_family.ONE_CALL_PER_LINE == ONE_CALL_PER_LINE  # the generator writes what the engine reads
+
+
+def test_an_imperfect_demonstrator_follows_another_tasks_plan_at_its_error_rate_to_the_end() -> None:
+    import random
+
+    demo = ROOT / "examples" / "demo" / "tasks"
+    plans = OraclePlans(demo)
+    task = demo / "train" / "count-0"
+    prompt = f"<|im_start|>user\n{(task / 'instruction.md').read_text().strip()}<|im_end|>\n"
+    right = "wc -l < data.txt > answer.txt"
+    rng = random.Random(0)
+    firsts = [_call(oracle_completion(plans, prompt, error_rate=0.5, rng=rng))["arguments"] for _ in range(400)]
+    wrong = [f["command"] for f in firsts if f["command"] != right]
+    assert 150 < len(wrong) < 250  # about half, each from another task's plan
+    assert set(wrong) == {"sort data.txt > answer.txt", "head -n 1 data.txt > answer.txt",
+                          "tail -n 1 data.txt > answer.txt", "bash check.sh"}  # fmt: skip
+    assert all(oracle_completion(plans, prompt, error_rate=0.0, rng=rng).count(right) for _ in range(20))
+    with pytest.raises(ValueError, match="rng"):
+        oracle_completion(plans, prompt, error_rate=0.5)
+
+    # later calls continue the plan the first call followed (read back from the conversation)
+    first = '<tool_call>\n{"name": "bash", "arguments": {"command": "bash check.sh"}}\n</tool_call>'
+    second = oracle_completion(plans, prompt + first + "<tool_response>x</tool_response>", error_rate=0.5, rng=rng)
+    assert _call(second)["arguments"]["command"] in ("echo passed > answer.txt", "echo failed > answer.txt")
+    ok = '<tool_call>\n{"name": "bash", "arguments": {"command": "wc -l < data.txt > answer.txt"}}\n</tool_call>'
+    then = oracle_completion(plans, prompt + ok + "<tool_response>3</tool_response>", error_rate=1.0, rng=rng)
+    assert _call(then)["arguments"] == {"command": SUBMIT_COMMAND}

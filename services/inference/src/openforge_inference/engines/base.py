@@ -279,6 +279,8 @@ class EngineConfig:
         threads: Torch intra-op threads for the transformers engine (None = torch default).
         tasks_root: Task sets whose oracle solutions the ``scripted-oracle`` engine replays
             (unused by the model engines).
+        scripted_error_rate: The ``scripted-oracle`` engine's error rate (see
+            :func:`~openforge_inference.engines.scripted_oracle.oracle_completion`).
     """
 
     model_path: Path
@@ -289,6 +291,7 @@ class EngineConfig:
     kv_cache_gib: float | None = None
     threads: int | None = None
     tasks_root: Path | None = None
+    scripted_error_rate: float = 0.0
 
 
 # --------------------------------------------------------------------------------------------

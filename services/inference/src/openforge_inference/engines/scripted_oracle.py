@@ -33,6 +33,8 @@ import asyncio
 import dataclasses
 import datetime
 import json
+import random
+import re
 import shlex
 import time
 from collections.abc import AsyncIterator
@@ -76,6 +78,7 @@ ONE_CALL_PER_LINE: Final = "# oracle: one model call per line"
 _TOOL_RESULT: Final = "<tool_response>"
 _UNKNOWN: Final = "I do not recognise this task."
 _DONE: Final = "Done."
+_CALL_BLOCK: Final = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 
 def _tool_call(command: str, step: int) -> str:
@@ -131,6 +134,20 @@ class OraclePlans:
         # Longest first, so an instruction that contains another one wins.
         self._order = sorted(self.commands, key=len, reverse=True)
 
+    def other_plans(self, commands: tuple[str, ...]) -> list[tuple[str, ...]]:
+        """One plan per first command other than ``commands[0]`` (the first task's in
+        instruction order), sorted by that command."""
+        firsts: dict[str, tuple[str, ...]] = {}
+        for text in sorted(self.commands):
+            plan = self.commands[text]
+            if plan[0] != commands[0]:
+                firsts.setdefault(plan[0], plan)
+        return [firsts[c] for c in sorted(firsts)]
+
+    def plan_starting(self, command: str) -> tuple[str, ...] | None:
+        """The first plan (in instruction order) whose first command is ``command``, or None."""
+        return next((self.commands[t] for t in sorted(self.commands) if self.commands[t][0] == command), None)
+
     def find(self, prompt_text: str) -> tuple[str, ...] | None:
         """The oracle commands of the task whose instruction appears in ``prompt_text``, or None."""
         for instruction in self._order:
@@ -139,12 +156,32 @@ class OraclePlans:
         return None
 
 
-def oracle_completion(plans: OraclePlans, prompt_text: str) -> str:
+def issued_commands(prompt_text: str) -> list[str]:
+    """The ``command`` arguments of the Hermes ``<tool_call>`` blocks in a decoded prompt, in
+    order (blocks that are not JSON with one, such as a template's format example, skipped)."""
+    out: list[str] = []
+    for match in _CALL_BLOCK.finditer(prompt_text):
+        try:
+            command = json.loads(match.group(1))["arguments"]["command"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(command, str):
+            out.append(command)
+    return out
+
+
+def oracle_completion(
+    plans: OraclePlans, prompt_text: str, *, error_rate: float = 0.0, rng: random.Random | None = None
+) -> str:
     """The scripted completion for a decoded prompt (see the module docstring for the rules).
 
     Args:
         plans: The oracle commands by instruction.
         prompt_text: The rendered prompt, decoded with special tokens kept.
+        error_rate: Probability that a conversation's first call follows another task's plan
+            (one whose first command differs, drawn uniformly among those first commands):
+            an imperfect demonstrator. Later calls continue the plan the first one followed.
+        rng: The draws of ``error_rate`` (required when it is above 0).
 
     Returns:
         Hermes-format text: one ``<tool_call>`` (one per oracle step, then the submit) or plain text.
@@ -153,6 +190,16 @@ def oracle_completion(plans: OraclePlans, prompt_text: str) -> str:
     if commands is None:
         return _UNKNOWN
     turn = prompt_text.count(_TOOL_RESULT)
+    if turn == 0 and error_rate > 0:
+        if rng is None:
+            raise ValueError("an error rate needs an rng")
+        others = plans.other_plans(commands)
+        if others and rng.random() < error_rate:
+            commands = rng.choice(others)
+    elif turn > 0:
+        issued = issued_commands(prompt_text)
+        if issued and issued[0] != commands[0]:
+            commands = plans.plan_starting(issued[0]) or commands
     steps = [*commands, SUBMIT_COMMAND]
     if turn < len(steps):
         return _tool_call(steps[turn], turn + 1)
@@ -175,6 +222,7 @@ class ScriptedOracleEngine:
         self._static: StaticModel | None = None
         self._tokenizer: Any = None
         self._plans: OraclePlans | None = None
+        self._rng = random.Random(f"scripted-oracle:{config.seed}")
         self._weights = WeightState(uri=str(config.model_path))
         self._in_flight: dict[str, asyncio.Event] = {}
         self._resumed = asyncio.Event()
@@ -242,7 +290,12 @@ class ScriptedOracleEngine:
         try:
             await self._resumed.wait()
             prompt = [int(t) for t in request.prompt_token_ids]
-            text = oracle_completion(self._plans, self._tokenizer.decode(prompt, skip_special_tokens=False))
+            text = oracle_completion(
+                self._plans,
+                self._tokenizer.decode(prompt, skip_special_tokens=False),
+                error_rate=self._config.scripted_error_rate,
+                rng=self._rng,
+            )
             ids = [int(t) for t in self._tokenizer.encode(text, add_special_tokens=False).ids]
             eos = static.info.eos_token_ids
             if eos:
