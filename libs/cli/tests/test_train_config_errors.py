@@ -160,10 +160,11 @@ def test_the_warm_start_engine_gets_the_demonstrators_error_rate_and_the_run_see
     from openforge_cli.train import LocalStack, load_train_config
 
     cfg = load_train_config(ROOT / "examples" / "demo" / "demo.yaml")
-    assert cfg.warm_start is not None and cfg.warm_start.error_rate == 0.5
+    warm_start = cfg.warm_start
+    assert warm_start is not None and warm_start.error_rate == 0.5
     cfg = cfg.model_copy(update={"run": {**cfg.run, "seed": 7}})
     stack = LocalStack(tmp_path, base_port=50100, nats_port=4300, http_port=8100)
-    warm = stack.env(cfg, cfg.warm_start.engine, tmp_path)
+    warm = stack.env(cfg, warm_start.engine, tmp_path)
     assert (warm["OPENFORGE_SCRIPTED_ERROR_RATE"], warm["OPENFORGE_SEED"]) == ("0.5", "7")
     policy = stack.env(cfg, cfg.stack.engine, tmp_path)
     assert "OPENFORGE_SCRIPTED_ERROR_RATE" not in policy and "OPENFORGE_SEED" not in policy

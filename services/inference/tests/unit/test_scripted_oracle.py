@@ -151,7 +151,7 @@ def test_an_imperfect_demonstrator_follows_another_tasks_plan_at_its_error_rate_
     right = "wc -l < data.txt > answer.txt"
     rng = random.Random(0)
     firsts = [_call(oracle_completion(plans, prompt, error_rate=0.5, rng=rng))["arguments"] for _ in range(400)]
-    wrong = [f["command"] for f in firsts if f["command"] != right]
+    wrong = [c for f in firsts if isinstance(f, dict) and (c := f["command"]) != right]
     assert 150 < len(wrong) < 250  # about half, each from another task's plan
     assert set(wrong) == {"sort data.txt > answer.txt", "head -n 1 data.txt > answer.txt",
                           "tail -n 1 data.txt > answer.txt", "bash check.sh"}  # fmt: skip
@@ -162,7 +162,8 @@ def test_an_imperfect_demonstrator_follows_another_tasks_plan_at_its_error_rate_
     # later calls continue the plan the first call followed (read back from the conversation)
     first = '<tool_call>\n{"name": "bash", "arguments": {"command": "bash check.sh"}}\n</tool_call>'
     second = oracle_completion(plans, prompt + first + "<tool_response>x</tool_response>", error_rate=0.5, rng=rng)
-    assert _call(second)["arguments"]["command"] in ("echo passed > answer.txt", "echo failed > answer.txt")
+    verdicts = ({"command": "echo passed > answer.txt"}, {"command": "echo failed > answer.txt"})
+    assert _call(second)["arguments"] in verdicts
     ok = '<tool_call>\n{"name": "bash", "arguments": {"command": "wc -l < data.txt > answer.txt"}}\n</tool_call>'
     then = oracle_completion(plans, prompt + ok + "<tool_response>3</tool_response>", error_rate=1.0, rng=rng)
     assert _call(then)["arguments"] == {"command": SUBMIT_COMMAND}
