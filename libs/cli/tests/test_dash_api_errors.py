@@ -49,7 +49,7 @@ async def _error(client: TestClient[Any, Any], path: str, status: int, code: str
         "/api/runs/no-such-run",
         "/api/runs/no-such-run/metrics",
         "/api/rollouts/no-such-rollout",
-        "/api/runs/" + "x" * 500,
+        "/api/runs/" + "x" * 128,
     ],
 )
 async def test_unknown_ids_are_404(client: TestClient[Any, Any], path: str) -> None:
@@ -59,6 +59,7 @@ async def test_unknown_ids_are_404(client: TestClient[Any, Any], path: str) -> N
 @pytest.mark.parametrize(
     ("path", "field"),
     [
+        ("/api/runs/" + "x" * 129, "run_id"),
         ("/api/runs/" + "x" * 5000, "run_id"),
         ("/api/runs/" + "x" * 5000 + "/metrics", "run_id"),
         ("/api/runs/" + "%C3%A9" * 1000 + "/rollouts", "run_id"),

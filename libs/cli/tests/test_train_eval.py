@@ -88,7 +88,8 @@ def test_demo_config_loads_and_builds_valid_trainer_configs() -> None:
     assert sft["mode"] == "sft" and rl["mode"] == "rl"
     train = cfg.train_tasks()
     assert rl["tasks"] == train and rl["task_split"] == "train"
-    assert set(sft["tasks"]) < set(train)  # the warm start demonstrates some of the training tasks
+    assert sft["tasks"] == train and sft["groups_per_step"] == len(train)  # each training task demonstrated once
+    assert sft["sft"] == {"min_reward": 0.0} and cfg.warm_start.error_rate > 0  # an imperfect demonstrator, imitated
     root = cfg.tasks_root_path
     assert root == (ROOT / "examples" / "demo" / "tasks").resolve()
     for task in train:
