@@ -436,20 +436,22 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
             finish = common_pb2.FINISH_REASON_LENGTH
         step = max(1, self.tokens_per_message)
         held: list[float] = []
+        # taken by this generation when it starts (a generation the caller has dropped, still
+        # streaming its rest, must not take the next one's)
+        short, self.short_logprobs = self.short_logprobs, False
+        misplaced, self.misplaced_logprobs = self.misplaced_logprobs, False
         for start in range(0, len(ids), step):
             if self.fail_after_tokens is not None and start >= self.fail_after_tokens:
                 self.fail_after_tokens = None
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "fake inference died mid-stream")
             chunk = ids[start : start + step]
             lps = [self.logprob(start + i) for i in range(len(chunk))]
-            if self.short_logprobs and lps:
-                self.short_logprobs = False
+            if short and lps:
+                short = False
                 lps.pop()
-            if self.misplaced_logprobs:
+            if misplaced:
                 held = [*held, *lps] if start else lps
                 lps = held if start + step >= len(ids) else []
-                if start + step >= len(ids):
-                    self.misplaced_logprobs = False
             seen.sampled_ids.extend(chunk)
             seen.logprobs.extend(lps)
             msg = inference_pb2.GenerateResponse(
