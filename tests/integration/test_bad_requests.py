@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, ServiceDescriptor
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
@@ -151,6 +152,17 @@ async def _call(address: str, case: Case) -> grpc.aio.AioRpcError | None:
     return None
 
 
+async def _code(address: str, method: str, request: Message) -> grpc.StatusCode:
+    """The status of one unary call of ``request`` (OK when it succeeds)."""
+    async with grpc.aio.insecure_channel(address) as ch:
+        unary: Any = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
+        try:
+            await unary(request.SerializeToString(), timeout=30)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+    return grpc.StatusCode.OK
+
+
 def _violations(err: grpc.aio.AioRpcError) -> list[tuple[str, str]]:
     status = rpc_status.from_call(err)  # type: ignore[arg-type]
     assert status is not None, "no google.rpc.Status in the trailers"
@@ -214,13 +226,7 @@ def test_the_proxy_opens_sessions_exactly_for_the_rollout_ids_the_store_looks_up
             ),
         ]
         for address, method, request in calls:
-            async with grpc.aio.insecure_channel(address) as ch:
-                unary: Any = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
-                try:
-                    await unary(request.SerializeToString(), timeout=30)
-                    codes.append(grpc.StatusCode.OK)
-                except grpc.aio.AioRpcError as exc:
-                    codes.append(exc.code())
+            codes.append(await _code(address, method, request))
         return codes[0], codes[1]
 
     proxy_code, store_code = asyncio.run(go())
@@ -245,16 +251,7 @@ def test_services_still_answer_a_valid_request(addresses: dict[str, str]) -> Non
             ("inference", "/openforge.inference.v1.InferenceService/Abort",
              inference_pb2.AbortRequest(request_id="ro-1/call-2/0")),
         ]  # fmt: skip
-        codes = []
-        for service, method, request in reads:
-            async with grpc.aio.insecure_channel(addresses[service]) as ch:
-                unary: Any = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
-                try:
-                    await unary(request.SerializeToString(), timeout=30)
-                    codes.append(grpc.StatusCode.OK)
-                except grpc.aio.AioRpcError as exc:
-                    codes.append(exc.code())
-        return codes
+        return [await _code(addresses[service], method, request) for service, method, request in reads]
 
     # Not found (orchestrator, trainer); no model configured (inference): each past validation.
     assert asyncio.run(go()) == [grpc.StatusCode.NOT_FOUND, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE]
