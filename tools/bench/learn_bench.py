@@ -48,7 +48,7 @@ from typing import Any
 
 import yaml
 
-from openforge_inference.engines.scripted_oracle import SUBMIT_COMMAND, OraclePlans, oracle_completion
+from openforge_inference.engines.scripted_oracle import ERROR_KINDS, SUBMIT_COMMAND, OraclePlans, oracle_completion
 
 ROOT = Path(__file__).resolve().parents[2]
 BASH_TOOL = {
@@ -280,7 +280,9 @@ class Reference:
             ep.reward = self._verify(ep)
         return eps
 
-    def demonstrations(self, tasks: list[Task], max_turns: int, error_rate: float = 0.0) -> list[Episode]:
+    def demonstrations(
+        self, tasks: list[Task], max_turns: int, error_rate: float = 0.0, error_kind: str = "plan"
+    ) -> list[Episode]:
         """The oracle's conversations, teacher-forced: each answer is the ``scripted-oracle``
         engine's own (:func:`oracle_completion` on the decoded prompt), for ``max_turns`` turns
         at most (the submit call ends a conversation)."""
@@ -291,7 +293,9 @@ class Reference:
             ep = self._start(t)
             for _ in range(max_turns):
                 prompt = self.tok.decode(ep.prompt_ids + ep.response, skip_special_tokens=False)
-                text = oracle_completion(plans[t.folder.parents[1]], prompt, error_rate=error_rate, rng=rng)
+                text = oracle_completion(
+                    plans[t.folder.parents[1]], prompt, error_rate=error_rate, rng=rng, error_kind=error_kind
+                )
                 ids = self.tok.encode(text + "<|im_end|>", add_special_tokens=False)
                 self._act(ep, text, ids, [0.0] * len(ids))
                 if ep.done:
@@ -362,6 +366,7 @@ def reference_main(argv: list[str]) -> int:
     ap.add_argument("--sft-steps", type=int, default=80, help="SFT passes over the demonstrations (0: none)")
     ap.add_argument("--sft-lr", type=float, default=3e-3)
     ap.add_argument("--demo-error-rate", type=float, default=0.0, help="the demonstrator's error rate")
+    ap.add_argument("--demo-error-kind", default="plan", choices=ERROR_KINDS, help="the demonstrator's error")
     ap.add_argument("--save-sft", type=Path, default=None, help="write the warm-started model here")
     ap.add_argument("--rl-steps", type=int, default=10)
     ap.add_argument("--rl-lr", type=float, default=2e-4)
@@ -387,7 +392,7 @@ def reference_main(argv: list[str]) -> int:
     if args.sft_steps:
         sft = Reference(model, args.settings, {"learning_rate": args.sft_lr, "seed": args.seed})
         picked = [t for t in train if t.task_id in args.demo_tasks.split(",")] if args.demo_tasks else train
-        demo_eps = sft.demonstrations(picked, args.max_turns, args.demo_error_rate)
+        demo_eps = sft.demonstrations(picked, args.max_turns, args.demo_error_rate, args.demo_error_kind)
         print(f"demonstrations: {len(demo_eps)}, reward {statistics.fmean(e.reward for e in demo_eps):.3f}")
         demos = sft.samples(demo_eps, "sft")
         for step in range(args.sft_steps):

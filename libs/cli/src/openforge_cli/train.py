@@ -124,13 +124,16 @@ class WarmStartSpec(_Section):
 
     Attributes:
         engine: The engine that produces the demonstrations (``scripted-oracle``).
-        error_rate: The ``scripted-oracle`` demonstrator's error rate: the probability that a
-            demonstration follows another task's plan (drawn with ``run.seed``); 0 = always right.
+        error_rate: The ``scripted-oracle`` demonstrator's error rate: the probability of its
+            error (drawn with ``run.seed``); 0 = always right.
+        error_kind: That error: ``plan`` (a demonstration follows another task's plan) or
+            ``unwritten`` (a command that should write its output into a file only prints it).
         run: Run-config fields of the SFT run (``mode: sft`` is set), over ``run``'s.
     """
 
     engine: str = "scripted-oracle"
     error_rate: float = Field(default=0.0, ge=0, le=1)
+    error_kind: Literal["plan", "unwritten"] = "plan"
     run: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -411,6 +414,7 @@ class LocalStack:
         }
         if cfg.warm_start is not None and engine == cfg.warm_start.engine:
             env["OPENFORGE_SCRIPTED_ERROR_RATE"] = str(cfg.warm_start.error_rate)
+            env["OPENFORGE_SCRIPTED_ERROR_KIND"] = cfg.warm_start.error_kind
             env["OPENFORGE_SEED"] = str(cfg.run.get("seed", 0))
         if cfg.harness_config is not None:
             env["OPENFORGE_HARNESS__CONFIG_FILES"] = json.dumps({cfg.harness: str(cfg.harness_config.resolve())})

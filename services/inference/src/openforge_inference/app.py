@@ -45,6 +45,7 @@ class InferenceApp:
                     threads=settings.threads,
                     tasks_root=settings.scripted_tasks_root,
                     scripted_error_rate=settings.scripted_error_rate,
+                    scripted_error_kind=settings.scripted_error_kind,
                 ),
             )
         self.servicer = InferenceServicer(self.engine, self._weights_loaded)

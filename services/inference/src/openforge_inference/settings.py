@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -29,8 +29,10 @@ class InferenceSettings(ServiceSettings):
             gRPC health status NOT_SERVING until it recovers.
         scripted_tasks_root: Folder of task sets (``<root>/<set>/<id>/``) whose oracles the
             ``scripted-oracle`` engine replays (``OPENFORGE_SCRIPTED_TASKS_ROOT``).
-        scripted_error_rate: Probability that a ``scripted-oracle`` conversation follows another
-            task's plan (an imperfect demonstrator; draws seeded by ``seed``).
+        scripted_error_rate: Probability of a ``scripted-oracle`` demonstration's error (an
+            imperfect demonstrator; draws seeded by ``seed``).
+        scripted_error_kind: That error: ``plan`` (a conversation follows another task's plan)
+            or ``unwritten`` (a command's redirection of its output into a file is dropped).
     """
 
     service_name: ClassVar[str] = "inference"
@@ -46,3 +48,4 @@ class InferenceSettings(ServiceSettings):
     health_check_s: float = Field(default=5.0, gt=0)
     scripted_tasks_root: Path | None = None
     scripted_error_rate: float = Field(default=0.0, ge=0, le=1)
+    scripted_error_kind: Literal["plan", "unwritten"] = "plan"

@@ -167,3 +167,45 @@ def test_an_imperfect_demonstrator_follows_another_tasks_plan_at_its_error_rate_
     ok = '<tool_call>\n{"name": "bash", "arguments": {"command": "wc -l < data.txt > answer.txt"}}\n</tool_call>'
     then = oracle_completion(plans, prompt + ok + "<tool_response>3</tool_response>", error_rate=1.0, rng=rng)
     assert _call(then)["arguments"] == {"command": SUBMIT_COMMAND}
+
+
+def test_an_unwritten_error_prints_the_answer_instead_of_writing_it_and_keeps_the_plan() -> None:
+    import random
+
+    demo = ROOT / "examples" / "demo" / "tasks"
+    plans = OraclePlans(demo)
+    rng = random.Random(0)
+
+    def command(prompt: str, rate: float) -> object:
+        args = _call(oracle_completion(plans, prompt, error_rate=rate, rng=rng, error_kind="unwritten"))["arguments"]
+        return args["command"] if isinstance(args, dict) else None
+
+    def prompt(task: str, *results: str) -> str:
+        text = (demo / "train" / task / "instruction.md").read_text().strip()
+        return f"<|im_start|>user\n{text}<|im_end|>\n" + "".join(results)
+
+    firsts = [command(prompt("count-0"), 0.5) for _ in range(400)]
+    assert set(firsts) == {"wc -l < data.txt > answer.txt", "wc -l < data.txt"}  # never another plan
+    assert 150 < firsts.count("wc -l < data.txt") < 250  # about half
+    assert all(command(prompt("count-0"), 0.0) == "wc -l < data.txt > answer.txt" for _ in range(20))
+    # a command that writes no file is never changed: only the check task's second call can err
+    assert all(command(prompt("check-0"), 1.0) == "bash check.sh" for _ in range(20))
+    assert command(prompt("check-0", "<tool_response>passed</tool_response>"), 1.0) == "echo passed"
+    with pytest.raises(ValueError, match="error kind"):
+        oracle_completion(plans, prompt("check-0"), error_rate=0.5, rng=rng, error_kind="typo")
+
+
+@pytest.mark.parametrize(
+    ("command", "printed"),
+    [
+        ("wc -l < data.txt > answer.txt", "wc -l < data.txt"),
+        ("echo failed >answer.txt", "echo failed"),
+        ("sort data.txt > out/answer.txt  ", "sort data.txt"),
+        ("bash check.sh", "bash check.sh"),
+        ("cat a > b | tee c", "cat a > b | tee c"),  # not a trailing redirection
+    ],
+)
+def test_unwritten_drops_only_a_trailing_redirection_into_a_file(command: str, printed: str) -> None:
+    from openforge_inference.engines.scripted_oracle import unwritten
+
+    assert unwritten(command) == printed

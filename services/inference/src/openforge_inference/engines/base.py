@@ -281,6 +281,7 @@ class EngineConfig:
             (unused by the model engines).
         scripted_error_rate: The ``scripted-oracle`` engine's error rate (see
             :func:`~openforge_inference.engines.scripted_oracle.oracle_completion`).
+        scripted_error_kind: Its kind of error (``plan`` or ``unwritten``, same function).
     """
 
     model_path: Path
@@ -292,6 +293,7 @@ class EngineConfig:
     threads: int | None = None
     tasks_root: Path | None = None
     scripted_error_rate: float = 0.0
+    scripted_error_kind: str = "plan"
 
 
 # --------------------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ from openforge_inference.engines.base import (
 from openforge_inference.model_files import resolve_checkpoint_uri, validate_checkpoint
 
 __all__ = [
+    "ERROR_KINDS",
     "ONE_CALL_PER_LINE",
     "SUBMIT_COMMAND",
     "OraclePlans",
@@ -79,6 +80,16 @@ _TOOL_RESULT: Final = "<tool_response>"
 _UNKNOWN: Final = "I do not recognise this task."
 _DONE: Final = "Done."
 _CALL_BLOCK: Final = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+#: A command's trailing redirection of its output into a file (``... > answer.txt``).
+_REDIRECT: Final = re.compile(r"\s*>\s*[^\s>|;&]+\s*$")
+#: The imperfect demonstrator's kinds of error (``error_kind`` of :func:`oracle_completion`).
+ERROR_KINDS: Final = ("plan", "unwritten")
+
+
+def unwritten(command: str) -> str:
+    """``command`` without its trailing redirection into a file (``wc -l < f > answer.txt`` ->
+    ``wc -l < f``: the answer is printed, not written); unchanged when it has none."""
+    return _REDIRECT.sub("", command)
 
 
 def _tool_call(command: str, step: int) -> str:
@@ -171,39 +182,59 @@ def issued_commands(prompt_text: str) -> list[str]:
 
 
 def oracle_completion(
-    plans: OraclePlans, prompt_text: str, *, error_rate: float = 0.0, rng: random.Random | None = None
+    plans: OraclePlans,
+    prompt_text: str,
+    *,
+    error_rate: float = 0.0,
+    rng: random.Random | None = None,
+    error_kind: str = "plan",
 ) -> str:
     """The scripted completion for a decoded prompt (see the module docstring for the rules).
 
     Args:
         plans: The oracle commands by instruction.
         prompt_text: The rendered prompt, decoded with special tokens kept.
-        error_rate: Probability that a conversation's first call follows another task's plan
-            (one whose first command differs, drawn uniformly among those first commands):
-            an imperfect demonstrator. Later calls continue the plan the first one followed.
+        error_rate: Probability of the imperfect demonstrator's error (0: always right).
         rng: The draws of ``error_rate`` (required when it is above 0).
+        error_kind: Which error (:data:`ERROR_KINDS`). ``plan``: a conversation's first call
+            follows another task's plan (one whose first command differs, drawn uniformly among
+            those first commands) and later calls continue the plan the first one followed.
+            ``unwritten``: a command that ends by redirecting its output into a file is issued
+            without that redirection (:func:`unwritten`: the answer is printed, never saved),
+            drawn per such command; the plan stays the task's own.
 
     Returns:
         Hermes-format text: one ``<tool_call>`` (one per oracle step, then the submit) or plain text.
+
+    Raises:
+        ValueError: An ``error_rate`` above 0 without ``rng``, or an unknown ``error_kind``.
     """
+    if error_kind not in ERROR_KINDS:
+        raise ValueError(f"unknown error kind {error_kind!r} (one of {', '.join(ERROR_KINDS)})")
+    if error_rate > 0 and rng is None:
+        raise ValueError("an error rate needs an rng")
     commands = plans.find(prompt_text)
     if commands is None:
         return _UNKNOWN
     turn = prompt_text.count(_TOOL_RESULT)
-    if turn == 0 and error_rate > 0:
-        if rng is None:
-            raise ValueError("an error rate needs an rng")
+    if error_kind == "plan" and turn == 0 and error_rate > 0:
+        assert rng is not None
         others = plans.other_plans(commands)
         if others and rng.random() < error_rate:
             commands = rng.choice(others)
-    elif turn > 0:
+    elif error_kind == "plan" and turn > 0:
         issued = issued_commands(prompt_text)
         if issued and issued[0] != commands[0]:
             commands = plans.plan_starting(issued[0]) or commands
     steps = [*commands, SUBMIT_COMMAND]
-    if turn < len(steps):
-        return _tool_call(steps[turn], turn + 1)
-    return _DONE
+    if turn >= len(steps):
+        return _DONE
+    command = steps[turn]
+    if error_kind == "unwritten" and error_rate > 0 and unwritten(command) != command:
+        assert rng is not None
+        if rng.random() < error_rate:
+            command = unwritten(command)
+    return _tool_call(command, turn + 1)
 
 
 class ScriptedOracleEngine:
@@ -295,6 +326,7 @@ class ScriptedOracleEngine:
                 self._tokenizer.decode(prompt, skip_special_tokens=False),
                 error_rate=self._config.scripted_error_rate,
                 rng=self._rng,
+                error_kind=self._config.scripted_error_kind,
             )
             ids = [int(t) for t in self._tokenizer.encode(text, add_special_tokens=False).ids]
             eos = static.info.eos_token_ids
