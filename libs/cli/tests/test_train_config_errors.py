@@ -156,7 +156,7 @@ def test_harness_not_installed_is_named_before_anything_starts(tmp_path: Path, m
     assert "openforge harness install mini-swe-agent" in out
 
 
-def test_the_warm_start_engine_gets_the_demonstrators_error_rate_and_the_run_seed(tmp_path: Path) -> None:
+def test_the_warm_start_engine_gets_the_demonstrators_error_rate_kind_and_the_run_seed(tmp_path: Path) -> None:
     from openforge_cli.train import LocalStack, load_train_config
 
     cfg = load_train_config(ROOT / "examples" / "demo" / "demo.yaml")
@@ -166,9 +166,13 @@ def test_the_warm_start_engine_gets_the_demonstrators_error_rate_and_the_run_see
     stack = LocalStack(tmp_path, base_port=50100, nats_port=4300, http_port=8100)
     warm = stack.env(cfg, warm_start.engine, tmp_path)
     assert (warm["OPENFORGE_SCRIPTED_ERROR_RATE"], warm["OPENFORGE_SEED"]) == ("0.5", "7")
+    assert warm["OPENFORGE_SCRIPTED_ERROR_KIND"] == warm_start.error_kind == "unwritten"
     policy = stack.env(cfg, cfg.stack.engine, tmp_path)
-    assert "OPENFORGE_SCRIPTED_ERROR_RATE" not in policy and "OPENFORGE_SEED" not in policy
+    assert not {"OPENFORGE_SCRIPTED_ERROR_RATE", "OPENFORGE_SCRIPTED_ERROR_KIND", "OPENFORGE_SEED"} & set(policy)
     path = tmp_path / "t.yaml"
     path.write_text(BASE.format(model=tmp_path, tasks=TASKS) + "warm_start: {error_rate: 1.5}\n")
     with pytest.raises(click.ClickException, match=r"warm_start\.error_rate"):
+        load_train_config(path)
+    path.write_text(BASE.format(model=tmp_path, tasks=TASKS) + "warm_start: {error_kind: typo}\n")
+    with pytest.raises(click.ClickException, match=r"warm_start\.error_kind"):
         load_train_config(path)
