@@ -30,7 +30,6 @@ import json
 import math
 import os
 import random
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +42,7 @@ from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_core.rpc.client import open_channel
 from openforge_inference.engines.scripted_oracle import OraclePlans, oracle_completion
 from openforge_testing.plugin import ServiceFactory
+from openforge_testing.rollouts import require_sandboxed_harness
 from openforge_testing.servers import NatsServer, free_port, free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,10 +142,7 @@ def _p_saved(model_dir: Path, items: list[tuple[tuple[int, ...], list[int], list
 def test_rl_raises_the_saved_answer_share_and_the_negative_controls_do_not(
     tmp_path: Path, nats_server_fn: NatsServer, service_process: ServiceFactory
 ) -> None:
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
-    if not (HARNESS_DIR / "mini-swe-agent" / "manifest.json").is_file():
-        pytest.skip(f"mini-swe-agent is not installed in {HARNESS_DIR} (openforge harness install mini-swe-agent)")
+    require_sandboxed_harness(HARNESS_DIR, "mini-swe-agent")
     from transformers import AutoTokenizer
 
     demo, control = _configs(tmp_path)

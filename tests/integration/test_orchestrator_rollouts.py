@@ -30,6 +30,7 @@ from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_core.rpc.client import open_channel
 from openforge_testing.fakes import ScriptedInferenceServer, build_fake_model_dir, final_text, tool_call_text
 from openforge_testing.plugin import ServiceFactory
+from openforge_testing.rollouts import require_sandboxed_harness
 from openforge_testing.servers import NatsServer, ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,13 +39,6 @@ HARNESS_DIR = Path(os.environ.get("OPENFORGE_TEST_HARNESS_DIR", ROOT / ".openfor
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 pytestmark = pytest.mark.slow
-
-
-def _require(harness: str) -> None:
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
-    if not (HARNESS_DIR / harness / "manifest.json").is_file():
-        pytest.skip(f"{harness} is not installed in {HARNESS_DIR} (openforge harness install {harness})")
 
 
 class OracleReplay:
@@ -116,7 +110,7 @@ class Stack:
 
 @pytest.fixture
 def stack(tmp_path: Path, nats_server_fn: NatsServer, service_process: ServiceFactory) -> Iterator[Stack]:
-    _require("mini-swe-agent")
+    require_sandboxed_harness(HARNESS_DIR, "mini-swe-agent")
     s = Stack(tmp_path, nats_server_fn, service_process)
     yield s
     s.close()

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_core.rpc.client import open_channel
 from openforge_testing.plugin import ServiceFactory
+from openforge_testing.rollouts import require_sandboxed_harness
 from openforge_testing.servers import NatsServer, free_port, free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,10 +153,7 @@ async def _store_checks(store: str) -> dict[str, Recorded]:
 def test_train_runs_every_stage_stops_on_sigint_and_resumes(
     tmp_path: Path, nats_server_fn: NatsServer, service_process: ServiceFactory
 ) -> None:
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
-    if not (HARNESS_DIR / "mini-swe-agent" / "manifest.json").is_file():
-        pytest.skip(f"mini-swe-agent is not installed in {HARNESS_DIR} (openforge harness install mini-swe-agent)")
+    require_sandboxed_harness(HARNESS_DIR, "mini-swe-agent")
     config = tmp_path / "train.yaml"
     config.write_text(yaml.safe_dump(_config(tmp_path)))
     state = tmp_path / "state"

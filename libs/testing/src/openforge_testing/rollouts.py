@@ -5,6 +5,8 @@ against what the (fake) engine saw and sampled."""
 from __future__ import annotations
 
 import asyncio
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,15 @@ from openforge_core.events import EventBus, subject_for
 from openforge_core.rpc.client import open_channel
 from openforge_core.settings import NatsSettings
 from openforge_testing.fakes import SeenRequest
+
+
+def require_sandboxed_harness(harness_dir: Path, harness: str) -> None:
+    """Skips the calling test unless bubblewrap and ``harness`` (installed by ``openforge harness
+    install`` into ``harness_dir``) are there."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
+    if not (harness_dir / harness / "manifest.json").is_file():
+        pytest.skip(f"{harness} is not installed in {harness_dir} (openforge harness install {harness})")
 
 
 async def finish_rollout(nats_url: str, rollout_id: str, calls: int, reward: float = 1.0) -> None:
