@@ -48,7 +48,13 @@ from typing import Any
 
 import yaml
 
-from openforge_inference.engines.scripted_oracle import ERROR_KINDS, SUBMIT_COMMAND, OraclePlans, oracle_completion
+from openforge_inference.engines.scripted_oracle import (
+    ERROR_KINDS,
+    SUBMIT_COMMAND,
+    ErrorDraws,
+    OraclePlans,
+    oracle_completion,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 BASH_TOOL = {
@@ -287,14 +293,14 @@ class Reference:
         engine's own (:func:`oracle_completion` on the decoded prompt), for ``max_turns`` turns
         at most (the submit call ends a conversation)."""
         plans = {root: OraclePlans(root) for root in {t.folder.parents[1] for t in tasks}}
-        rng = random.Random(f"demonstrations:{self.cfg.seed}")
+        errors = ErrorDraws(error_rate, self.cfg.seed) if error_rate > 0 else None
         eps = []
         for t in tasks:
             ep = self._start(t)
             for _ in range(max_turns):
                 prompt = self.tok.decode(ep.prompt_ids + ep.response, skip_special_tokens=False)
                 text = oracle_completion(
-                    plans[t.folder.parents[1]], prompt, error_rate=error_rate, rng=rng, error_kind=error_kind
+                    plans[t.folder.parents[1]], prompt, errors=errors, error_kind=error_kind
                 )
                 ids = self.tok.encode(text + "<|im_end|>", add_special_tokens=False)
                 self._act(ep, text, ids, [0.0] * len(ids))

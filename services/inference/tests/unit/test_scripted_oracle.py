@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shlex
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from openforge_inference.engines.base import (
 from openforge_inference.engines.scripted_oracle import (
     ONE_CALL_PER_LINE,
     SUBMIT_COMMAND,
+    ErrorDraws,
     OraclePlans,
     oracle_completion,
     oracle_steps,
@@ -142,57 +144,76 @@ def test_oracle_steps_keep_whole_scripts_whole() -> None:
 
 
 def test_an_imperfect_demonstrator_follows_another_tasks_plan_at_its_error_rate_to_the_end() -> None:
-    import random
-
     demo = ROOT / "examples" / "demo" / "tasks"
     plans = OraclePlans(demo)
     task = demo / "train" / "count-0"
     prompt = f"<|im_start|>user\n{(task / 'instruction.md').read_text().strip()}<|im_end|>\n"
     right = "wc -l < data.txt > answer.txt"
-    rng = random.Random(0)
-    firsts = [_call(oracle_completion(plans, prompt, error_rate=0.5, rng=rng))["arguments"] for _ in range(400)]
+    errors = ErrorDraws(0.5, seed=0)
+    firsts = [_call(oracle_completion(plans, prompt, errors=errors))["arguments"] for _ in range(400)]
     wrong = [c for f in firsts if isinstance(f, dict) and (c := f["command"]) != right]
-    assert 150 < len(wrong) < 250  # about half, each from another task's plan
+    assert len(wrong) == 200  # half, each from another task's plan
     assert set(wrong) == {"sort data.txt > answer.txt", "head -n 1 data.txt > answer.txt",
                           "tail -n 1 data.txt > answer.txt", "bash check.sh"}  # fmt: skip
-    assert all(oracle_completion(plans, prompt, error_rate=0.0, rng=rng).count(right) for _ in range(20))
-    with pytest.raises(ValueError, match="rng"):
-        oracle_completion(plans, prompt, error_rate=0.5)
+    assert all(oracle_completion(plans, prompt).count(right) for _ in range(20))
 
     # later calls continue the plan the first call followed (read back from the conversation)
     first = '<tool_call>\n{"name": "bash", "arguments": {"command": "bash check.sh"}}\n</tool_call>'
-    second = oracle_completion(plans, prompt + first + "<tool_response>x</tool_response>", error_rate=0.5, rng=rng)
+    second = oracle_completion(plans, prompt + first + "<tool_response>x</tool_response>", errors=errors)
     verdicts = ({"command": "echo passed > answer.txt"}, {"command": "echo failed > answer.txt"})
     assert _call(second)["arguments"] in verdicts
     ok = '<tool_call>\n{"name": "bash", "arguments": {"command": "wc -l < data.txt > answer.txt"}}\n</tool_call>'
-    then = oracle_completion(plans, prompt + ok + "<tool_response>3</tool_response>", error_rate=1.0, rng=rng)
+    then = oracle_completion(plans, prompt + ok + "<tool_response>3</tool_response>", errors=ErrorDraws(1.0, 0))
     assert _call(then)["arguments"] == {"command": SUBMIT_COMMAND}
 
 
 def test_an_unwritten_error_prints_the_answer_instead_of_writing_it_and_keeps_the_plan() -> None:
-    import random
-
     demo = ROOT / "examples" / "demo" / "tasks"
     plans = OraclePlans(demo)
-    rng = random.Random(0)
+    errors = ErrorDraws(0.5, seed=0)
 
-    def command(prompt: str, rate: float) -> object:
-        args = _call(oracle_completion(plans, prompt, error_rate=rate, rng=rng, error_kind="unwritten"))["arguments"]
+    def command(prompt: str, draws: ErrorDraws | None) -> object:
+        args = _call(oracle_completion(plans, prompt, errors=draws, error_kind="unwritten"))["arguments"]
         return args["command"] if isinstance(args, dict) else None
 
     def prompt(task: str, *results: str) -> str:
         text = (demo / "train" / task / "instruction.md").read_text().strip()
         return f"<|im_start|>user\n{text}<|im_end|>\n" + "".join(results)
 
-    firsts = [command(prompt("count-0"), 0.5) for _ in range(400)]
+    firsts = [command(prompt("count-0"), errors) for _ in range(400)]
     assert set(firsts) == {"wc -l < data.txt > answer.txt", "wc -l < data.txt"}  # never another plan
-    assert 150 < firsts.count("wc -l < data.txt") < 250  # about half
-    assert all(command(prompt("count-0"), 0.0) == "wc -l < data.txt > answer.txt" for _ in range(20))
+    assert firsts.count("wc -l < data.txt") == 200  # half
+    assert all(command(prompt("count-0"), None) == "wc -l < data.txt > answer.txt" for _ in range(20))
     # a command that writes no file is never changed: only the check task's second call can err
-    assert all(command(prompt("check-0"), 1.0) == "bash check.sh" for _ in range(20))
-    assert command(prompt("check-0", "<tool_response>passed</tool_response>"), 1.0) == "echo passed"
+    always = ErrorDraws(1.0, seed=0)
+    assert all(command(prompt("check-0"), always) == "bash check.sh" for _ in range(20))
+    assert command(prompt("check-0", "<tool_response>passed</tool_response>"), always) == "echo passed"
     with pytest.raises(ValueError, match="error kind"):
-        oracle_completion(plans, prompt("check-0"), error_rate=0.5, rng=rng, error_kind="typo")
+        oracle_completion(plans, prompt("check-0"), errors=errors, error_kind="typo")
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.25, 0.5, 0.7])
+def test_error_draws_are_stratified_per_command_where_independent_draws_are_not(rate: float) -> None:
+    import random
+
+    # Of the first n draws of each key, floor or ceil of n * rate are errors, whatever the seed
+    # and however the keys interleave; independent draws of six often miss by two or more.
+    for seed in range(20):
+        draws = ErrorDraws(rate, seed)
+        keys = [k for k in ("count", "first", "last", "sort") for _ in range(6)]
+        random.Random(seed).shuffle(keys)
+        errs: dict[str, list[bool]] = {}
+        for k in keys:
+            errs.setdefault(k, []).append(draws.draw(k))
+            n = len(errs[k])
+            assert math.floor(n * rate) <= sum(errs[k]) <= math.ceil(n * rate)
+    binomial = [sum(random.Random(s).random() < 0.5 for _ in range(6)) for s in range(1000)]
+    assert sum(abs(b - 3) >= 2 for b in binomial) > 150  # ~22% of kinds would be 5:1 or worse
+    # the seed picks which demonstrations err, not how many
+    runs = {tuple(map(ErrorDraws(0.5, s).draw, ["k"] * 6)) for s in range(20)}
+    assert len(runs) == 2 and all(sum(r) == 3 for r in runs)
+    with pytest.raises(ValueError, match="rate"):
+        ErrorDraws(1.5, 0)
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ import asyncio
 import dataclasses
 import datetime
 import json
+import math
 import random
 import re
 import shlex
@@ -62,6 +63,7 @@ __all__ = [
     "ERROR_KINDS",
     "ONE_CALL_PER_LINE",
     "SUBMIT_COMMAND",
+    "ErrorDraws",
     "OraclePlans",
     "ScriptedOracleEngine",
     "oracle_completion",
@@ -90,6 +92,45 @@ def unwritten(command: str) -> str:
     """``command`` without its trailing redirection into a file (``wc -l < f > answer.txt`` ->
     ``wc -l < f``: the answer is printed, not written); unchanged when it has none."""
     return _REDIRECT.sub("", command)
+
+
+class ErrorDraws:
+    """The imperfect demonstrator's draws, stratified per key (the command that may be wrong).
+
+    Of the first ``n`` draws of one key, ``floor(n * rate + u)`` are errors, with ``u`` uniform
+    in [0, 1) per key (seeded): every command is demonstrated wrongly at the error rate, within
+    one demonstration, where independent draws add binomial noise that decides what the warm
+    start leaves to learn (six demonstrations of a command at rate 0.5 are all right or all
+    wrong 3% of the time, five or six of one sort 22%; a command never demonstrated right is
+    never sampled right, and its GRPO groups have no reward variance). Systematic sampling,
+    Cochran, "Sampling Techniques" (1977), ch. 8.
+
+    Args:
+        rate: Probability of an error, in [0, 1].
+        seed: Seeds the per-key offsets and :meth:`choice`.
+
+    Raises:
+        ValueError: ``rate`` outside [0, 1].
+    """
+
+    def __init__(self, rate: float, seed: int | str) -> None:
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"error rate {rate} is not in [0, 1]")
+        self.rate = rate
+        self._seed = seed
+        self._counts: dict[str, int] = {}
+        self._rng = random.Random(f"scripted-oracle:{seed}")
+
+    def draw(self, key: str) -> bool:
+        """Whether the next use of ``key`` is an error."""
+        n = self._counts.get(key, 0)
+        self._counts[key] = n + 1
+        u = random.Random(f"scripted-oracle:{self._seed}:{key}").random()
+        return math.floor((n + 1) * self.rate + u) > math.floor(n * self.rate + u)
+
+    def choice(self, options: list[tuple[str, ...]]) -> tuple[str, ...]:
+        """One of ``options``, uniformly (seeded)."""
+        return self._rng.choice(options)
 
 
 def _tool_call(command: str, step: int) -> str:
@@ -185,8 +226,7 @@ def oracle_completion(
     plans: OraclePlans,
     prompt_text: str,
     *,
-    error_rate: float = 0.0,
-    rng: random.Random | None = None,
+    errors: ErrorDraws | None = None,
     error_kind: str = "plan",
 ) -> str:
     """The scripted completion for a decoded prompt (see the module docstring for the rules).
@@ -194,8 +234,9 @@ def oracle_completion(
     Args:
         plans: The oracle commands by instruction.
         prompt_text: The rendered prompt, decoded with special tokens kept.
-        error_rate: Probability of the imperfect demonstrator's error (0: always right).
-        rng: The draws of ``error_rate`` (required when it is above 0).
+        errors: The imperfect demonstrator's error draws (None: always right), keyed by the
+            task's first command (``plan``) or by the command that may be issued wrongly
+            (``unwritten``).
         error_kind: Which error (:data:`ERROR_KINDS`). ``plan``: a conversation's first call
             follows another task's plan (one whose first command differs, drawn uniformly among
             those first commands) and later calls continue the plan the first one followed.
@@ -207,21 +248,18 @@ def oracle_completion(
         Hermes-format text: one ``<tool_call>`` (one per oracle step, then the submit) or plain text.
 
     Raises:
-        ValueError: An ``error_rate`` above 0 without ``rng``, or an unknown ``error_kind``.
+        ValueError: An unknown ``error_kind``.
     """
     if error_kind not in ERROR_KINDS:
         raise ValueError(f"unknown error kind {error_kind!r} (one of {', '.join(ERROR_KINDS)})")
-    if error_rate > 0 and rng is None:
-        raise ValueError("an error rate needs an rng")
     commands = plans.find(prompt_text)
     if commands is None:
         return _UNKNOWN
     turn = prompt_text.count(_TOOL_RESULT)
-    if error_kind == "plan" and turn == 0 and error_rate > 0:
-        assert rng is not None
+    if error_kind == "plan" and turn == 0 and errors is not None:
         others = plans.other_plans(commands)
-        if others and rng.random() < error_rate:
-            commands = rng.choice(others)
+        if others and errors.draw(commands[0]):
+            commands = errors.choice(others)
     elif error_kind == "plan" and turn > 0:
         issued = issued_commands(prompt_text)
         if issued and issued[0] != commands[0]:
@@ -230,10 +268,8 @@ def oracle_completion(
     if turn >= len(steps):
         return _DONE
     command = steps[turn]
-    if error_kind == "unwritten" and error_rate > 0 and unwritten(command) != command:
-        assert rng is not None
-        if rng.random() < error_rate:
-            command = unwritten(command)
+    if error_kind == "unwritten" and errors is not None and unwritten(command) != command and errors.draw(command):
+        command = unwritten(command)
     return _tool_call(command, turn + 1)
 
 
@@ -253,7 +289,7 @@ class ScriptedOracleEngine:
         self._static: StaticModel | None = None
         self._tokenizer: Any = None
         self._plans: OraclePlans | None = None
-        self._rng = random.Random(f"scripted-oracle:{config.seed}")
+        self._errors = ErrorDraws(config.scripted_error_rate, config.seed) if config.scripted_error_rate > 0 else None
         self._weights = WeightState(uri=str(config.model_path))
         self._in_flight: dict[str, asyncio.Event] = {}
         self._resumed = asyncio.Event()
@@ -324,8 +360,7 @@ class ScriptedOracleEngine:
             text = oracle_completion(
                 self._plans,
                 self._tokenizer.decode(prompt, skip_special_tokens=False),
-                error_rate=self._config.scripted_error_rate,
-                rng=self._rng,
+                errors=self._errors,
                 error_kind=self._config.scripted_error_kind,
             )
             ids = [int(t) for t in self._tokenizer.encode(text, add_special_tokens=False).ids]
