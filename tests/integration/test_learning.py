@@ -29,7 +29,6 @@ import asyncio
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +39,7 @@ import yaml
 
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_core.rpc.client import open_channel
-from openforge_inference.engines.scripted_oracle import OraclePlans, oracle_completion
+from openforge_inference.engines.scripted_oracle import ErrorDraws, OraclePlans, oracle_completion
 from openforge_testing.plugin import ServiceFactory
 from openforge_testing.rollouts import require_sandboxed_harness
 from openforge_testing.servers import NatsServer, free_port, free_port_block
@@ -110,7 +109,7 @@ def _answers(plans: OraclePlans, tokenizer: Any, prompt: tuple[int, ...]) -> tup
     (None when the first command writes no file)."""
     text = tokenizer.decode(list(prompt), skip_special_tokens=False)
     saved = oracle_completion(plans, text)
-    unsaved = oracle_completion(plans, text, error_rate=1.0, rng=random.Random(0), error_kind="unwritten")
+    unsaved = oracle_completion(plans, text, errors=ErrorDraws(1.0, 0), error_kind="unwritten")
     if saved == unsaved:
         return None
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")

@@ -299,9 +299,7 @@ class Reference:
             ep = self._start(t)
             for _ in range(max_turns):
                 prompt = self.tok.decode(ep.prompt_ids + ep.response, skip_special_tokens=False)
-                text = oracle_completion(
-                    plans[t.folder.parents[1]], prompt, errors=errors, error_kind=error_kind
-                )
+                text = oracle_completion(plans[t.folder.parents[1]], prompt, errors=errors, error_kind=error_kind)
                 ids = self.tok.encode(text + "<|im_end|>", add_special_tokens=False)
                 self._act(ep, text, ids, [0.0] * len(ids))
                 if ep.done:

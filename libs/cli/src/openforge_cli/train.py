@@ -124,8 +124,9 @@ class WarmStartSpec(_Section):
 
     Attributes:
         engine: The engine that produces the demonstrations (``scripted-oracle``).
-        error_rate: The ``scripted-oracle`` demonstrator's error rate: the probability of its
-            error (drawn with ``run.seed``); 0 = always right.
+        error_rate: The ``scripted-oracle`` demonstrator's error rate: the fraction of the
+            demonstrations of each command that it gets wrong (within one; which ones is drawn
+            with ``run.seed``); 0 = always right.
         error_kind: That error: ``plan`` (a demonstration follows another task's plan) or
             ``unwritten`` (a command that should write its output into a file only prints it).
         run: Run-config fields of the SFT run (``mode: sft`` is set), over ``run``'s.

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import Field
 
 from openforge_core.settings import ServiceSettings
+from openforge_inference.engines.base import ScriptedErrorKind
 
 
 class InferenceSettings(ServiceSettings):
@@ -30,7 +31,8 @@ class InferenceSettings(ServiceSettings):
         scripted_tasks_root: Folder of task sets (``<root>/<set>/<id>/``) whose oracles the
             ``scripted-oracle`` engine replays (``OPENFORGE_SCRIPTED_TASKS_ROOT``).
         scripted_error_rate: Probability of a ``scripted-oracle`` demonstration's error (an
-            imperfect demonstrator; draws seeded by ``seed``).
+            imperfect demonstrator; draws stratified per command and seeded by ``seed``: of n
+            demonstrations of one command, floor or ceil of n x rate are wrong).
         scripted_error_kind: That error: ``plan`` (a conversation follows another task's plan)
             or ``unwritten`` (a command's redirection of its output into a file is dropped).
     """
@@ -48,4 +50,4 @@ class InferenceSettings(ServiceSettings):
     health_check_s: float = Field(default=5.0, gt=0)
     scripted_tasks_root: Path | None = None
     scripted_error_rate: float = Field(default=0.0, ge=0, le=1)
-    scripted_error_kind: Literal["plan", "unwritten"] = "plan"
+    scripted_error_kind: ScriptedErrorKind = "plan"

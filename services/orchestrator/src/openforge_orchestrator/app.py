@@ -63,6 +63,8 @@ class OrchestratorApp:
                 max_infra_attempts=s.max_infra_attempts,
                 policy_wait_s=s.policy_wait_s,
                 session_grace_s=s.session_grace_s,
+                retry_backoff_s=s.retry_backoff_s,
+                retry_backoff_max_s=s.retry_backoff_max_s,
             ),
         )
         self.scheduler = Scheduler(

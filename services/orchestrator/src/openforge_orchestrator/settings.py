@@ -35,6 +35,10 @@ class SchedulerSettings(_Section):
         policy_wait_s: Longest wait for the served policy version to reach a rollout's
             ``min_policy_version`` before it fails, seconds.
         session_grace_s: Seconds the proxy key outlives the task timeout (verifier, cleanup).
+        retry_backoff_s: Wait before an infrastructure retry's second attempt, seconds, doubled
+            before each later one, with jitter (a uniform draw in [delay / 2, delay]); 0 retries
+            at once.
+        retry_backoff_max_s: Longest wait between two attempts, seconds.
     """
 
     max_concurrent: int = Field(default=32, ge=1)
@@ -42,6 +46,8 @@ class SchedulerSettings(_Section):
     max_infra_attempts: int = Field(default=3, ge=1)
     policy_wait_s: float = Field(default=600.0, gt=0)
     session_grace_s: float = Field(default=120.0, ge=0)
+    retry_backoff_s: float = Field(default=2.0, ge=0)
+    retry_backoff_max_s: float = Field(default=30.0, ge=0)
 
 
 class LocalSandboxSettings(_Section):

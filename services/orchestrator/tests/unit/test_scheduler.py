@@ -8,6 +8,7 @@ cancellation of waiting and running rollouts.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ class FakeBackend:
 
     def __init__(self, sessions: FakeSessions) -> None:
         self.sessions = sessions
+        self.retry_waits: list[float] = []  # what the executor slept between attempts
         self.running = 0
         self.peak = 0
         self.attempts: dict[str, int] = {}
@@ -133,6 +135,14 @@ def _launch(rollout: Rollout, task: Task, base_url: str, api_key: str, timeout_s
     return HarnessLaunch(name=rollout.harness, argv=("run", api_key))
 
 
+def _recorded(waits: list[float]) -> Callable[[float], Awaitable[None]]:
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await asyncio.sleep(0)
+
+    return sleep
+
+
 def _stack(tmp_path: Path, names: list[str], **kw: Any) -> tuple[Scheduler, RolloutRegistry, FakeBackend, Events]:
     events = Events()
     reg = RolloutRegistry(events)
@@ -147,6 +157,8 @@ def _stack(tmp_path: Path, names: list[str], **kw: Any) -> tuple[Scheduler, Roll
         _launch,
         kw.pop("policy", None),
         ExecutionSettings(max_infra_attempts=3, policy_wait_s=0.3, policy_poll_s=0.05),
+        sleep=_recorded(backend.retry_waits),
+        jitter=lambda: 1.0,
     )
     sched = Scheduler(
         reg,
@@ -211,6 +223,15 @@ async def test_outcomes_and_retries(tmp_path: Path) -> None:
     assert backend.attempts[by["policy-fail"].rollout_id] == 1 and by["policy-fail"].harness_exit_code == 1
     kinds = [k for k, r in events.log if r.task_id == "flaky-start"]
     assert kinds == ["submitted", "started", "finished"]  # one start fact even with a retry
+    # infrastructure retries back off (2 s, then 4 s); a first attempt never waits
+    assert sorted(backend.retry_waits) == [2.0, 2.0, 2.0, 4.0]
+
+
+def test_retry_delay_doubles_up_to_its_cap_with_equal_jitter() -> None:
+    s = ExecutionSettings(retry_backoff_s=2.0, retry_backoff_max_s=10.0)
+    assert [s.retry_delay(a, 1.0) for a in (1, 2, 3, 4, 5)] == [2.0, 4.0, 8.0, 10.0, 10.0]
+    assert [s.retry_delay(a, 0.0) for a in (1, 2, 4)] == [1.0, 2.0, 5.0]  # never under half
+    assert ExecutionSettings(retry_backoff_s=0.0).retry_delay(3, 0.7) == 0.0
 
 
 async def test_policy_gate(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ import datetime
 import enum
 import math
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Final, Literal, Protocol, runtime_checkable
 
 from openforge_core.errors import (
     AlreadyExists,
@@ -264,6 +264,11 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...]
 
 
+#: The ``scripted-oracle`` demonstrator's kinds of error: ``plan`` (a conversation follows another
+#: task's plan) or ``unwritten`` (a command's redirection of its output into a file is dropped).
+ScriptedErrorKind = Literal["plan", "unwritten"]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class EngineConfig:
     """How to build an engine; the composition root fills it from settings.
@@ -281,7 +286,7 @@ class EngineConfig:
             (unused by the model engines).
         scripted_error_rate: The ``scripted-oracle`` engine's error rate (see
             :func:`~openforge_inference.engines.scripted_oracle.oracle_completion`).
-        scripted_error_kind: Its kind of error (``plan`` or ``unwritten``, same function).
+        scripted_error_kind: Its kind of error (:data:`ScriptedErrorKind`, same function).
     """
 
     model_path: Path
@@ -293,7 +298,7 @@ class EngineConfig:
     threads: int | None = None
     tasks_root: Path | None = None
     scripted_error_rate: float = 0.0
-    scripted_error_kind: str = "plan"
+    scripted_error_kind: ScriptedErrorKind = "plan"
 
 
 # --------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ import shlex
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 import structlog
 
@@ -54,6 +54,7 @@ from openforge_inference.engines.base import (
     GenerateRequest,
     ModelInfo,
     PolicyVersionTooOld,
+    ScriptedErrorKind,
     TokenUsage,
     validate_request,
 )
@@ -85,7 +86,7 @@ _CALL_BLOCK: Final = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 #: A command's trailing redirection of its output into a file (``... > answer.txt``).
 _REDIRECT: Final = re.compile(r"\s*>\s*[^\s>|;&]+\s*$")
 #: The imperfect demonstrator's kinds of error (``error_kind`` of :func:`oracle_completion`).
-ERROR_KINDS: Final = ("plan", "unwritten")
+ERROR_KINDS: Final[tuple[ScriptedErrorKind, ...]] = get_args(ScriptedErrorKind)
 
 
 def unwritten(command: str) -> str:

@@ -18,8 +18,9 @@ Outcomes (``RolloutFinished``):
 from __future__ import annotations
 
 import asyncio
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -85,12 +86,28 @@ class ExecutionSettings:
         policy_wait_s: Longest wait for ``min_policy_version``, seconds.
         policy_poll_s: Poll interval for the policy version, seconds.
         session_grace_s: How long a session key outlives the harness time limit, seconds.
+        retry_backoff_s: Wait before the second attempt, seconds; doubled before each later
+            one, capped, with "equal jitter" (a uniform draw in [delay / 2, delay]; M. Brooker,
+            "Exponential Backoff And Jitter", AWS Architecture Blog, 2015); 0 retries at once.
+        retry_backoff_max_s: Longest wait between two attempts, seconds.
     """
 
     max_infra_attempts: int = 3
     policy_wait_s: float = 600.0
     policy_poll_s: float = 1.0
     session_grace_s: float = 120.0
+    retry_backoff_s: float = 2.0
+    retry_backoff_max_s: float = 30.0
+
+    def retry_delay(self, attempt: int, draw: float) -> float:
+        """Seconds to wait after failed attempt ``attempt`` (1-based) before the next one.
+
+        Args:
+            attempt: The attempt that failed (>= 1).
+            draw: A uniform draw in [0, 1) (the jitter).
+        """
+        delay = min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (attempt - 1))
+        return delay * (0.5 + 0.5 * draw)
 
 
 class RolloutExecutor:
@@ -105,6 +122,8 @@ class RolloutExecutor:
         policy: Served policy version (None = no gate).
         settings: Retries and timings.
         clock: Monotonic seconds (injectable for tests).
+        sleep: ``asyncio.sleep`` (injectable for tests).
+        jitter: Uniform draws in [0, 1) for the retry backoff (injectable for tests).
     """
 
     def __init__(
@@ -117,6 +136,8 @@ class RolloutExecutor:
         policy: PolicyVersions | None = None,
         settings: ExecutionSettings = ExecutionSettings(),
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        jitter: Callable[[], float] = random.random,
     ) -> None:
         self._registry = registry
         self._tasks = tasks
@@ -126,6 +147,8 @@ class RolloutExecutor:
         self._policy = policy
         self._settings = settings
         self._clock = clock
+        self._sleep = sleep
+        self._jitter = jitter
         self._cancel_reasons: dict[str, str] = {}
 
     async def run(self, rollout_id: str) -> Rollout:
@@ -144,6 +167,8 @@ class RolloutExecutor:
                 )
             last_error = ""
             for attempt in range(1, self._settings.max_infra_attempts + 1):
+                if attempt > 1:  # an infrastructure retry: let a restarting service come back
+                    await self._sleep(self._settings.retry_delay(attempt - 1, self._jitter()))
                 log.info(LOG_ATTEMPT, rollout_id=rollout_id, attempt=attempt)
                 try:
                     result, calls = await self._attempt(rollout, task, attempt)
