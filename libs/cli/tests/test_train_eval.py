@@ -4,6 +4,7 @@ per-task summaries, the phase record and the checkpoint export (no services need
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -88,7 +89,11 @@ def test_demo_config_loads_and_builds_valid_trainer_configs() -> None:
     assert sft["mode"] == "sft" and rl["mode"] == "rl"
     train = cfg.train_tasks()
     assert rl["tasks"] == train and rl["task_split"] == "train"
-    assert sft["tasks"] == train and sft["groups_per_step"] == len(train)  # each training task demonstrated once
+    demonstrated = sft["tasks"]
+    # a subset of the training tasks, each demonstrated once, as many of each kind
+    assert set(demonstrated) < set(train) and sft["groups_per_step"] == len(set(demonstrated)) == len(demonstrated)
+    per_kind = Counter(t.split("-")[0] for t in demonstrated)
+    assert set(per_kind) == {t.split("-")[0] for t in train} and len(set(per_kind.values())) == 1
     assert sft["sft"] == {"min_reward": 0.0} and cfg.warm_start.error_rate > 0  # an imperfect demonstrator, imitated
     root = cfg.tasks_root_path
     assert root == (ROOT / "examples" / "demo" / "tasks").resolve()
