@@ -48,3 +48,19 @@ def test_a_rollout_without_reward_leaves_the_sample_reward_unset(status: int) ->
         assert sample.reward == 0.0 and sample.partial
         # Written as protobuf itself writes an unset field: the canonical encoding.
         assert sample.SerializeToString() == raw
+
+
+def test_the_export_writes_no_reward_for_a_rollout_without_one() -> None:
+    # The Parquet/JSONL export in veRL's layout: a sample of an unrewarded rollout has a null
+    # reward (a veRL user of the file must not train it as 0), a rewarded one its reward.
+    from openforge_trajectory_store.adapters.export import rows
+
+    scored = make_rollout("r1", status=common_pb2.ROLLOUT_STATUS_SUCCEEDED, reward=0.0)
+    failed = make_rollout("r2", status=common_pb2.ROLLOUT_STATUS_FAILED)
+    items = [(r, trajectory_pb2.Sample.FromString(raw)) for r in (scored, failed) for raw in samples_of(r)]
+    assert [(row["rollout_id"], row["reward"]) for row in rows(items, None)] == [
+        ("r1", 0.0),
+        ("r1", 0.0),
+        ("r2", None),
+        ("r2", None),
+    ]

@@ -12,7 +12,9 @@ response_ids          list<int32>         every token after the prompt
 response_mask         list<int8>          1 = sampled by the policy (trained on), 0 = not
 rollout_log_probs     list<float32>       behaviour logprob per response token (0 if mask 0)
 policy_versions       list<int64>         policy version per response token (0 if mask 0)
-reward                float64             the rollout's reward
+reward                float64 (nullable)  the rollout's verifier reward; null when it has
+                                          none (failed, cancelled, bypassed the proxy): such
+                                          samples are for inspection, never trained as 0
 uid                   string              group id (GRPO/RLOO group key)
 rollout_id            string              rollout
 sample_id             string              "<rollout_id>/<index>"
@@ -76,7 +78,7 @@ def rows(
             "response_mask": list(s.loss_mask),
             "rollout_log_probs": list(s.rollout_logprobs),
             "policy_versions": list(s.policy_versions),
-            "reward": s.reward,
+            "reward": r.reward if r.HasField("reward") else None,
             "uid": r.group_id,
             "rollout_id": r.rollout_id,
             "sample_id": s.sample_id,
