@@ -3,7 +3,7 @@
 The demo's task family and warm start (``examples/demo/demo.yaml``: mini-swe-agent in bubblewrap
 sandboxes, the proxy, the store, the orchestrator, the trainer and vLLM, each started by
 ``openforge train`` as a user runs it), at a smaller size: the warm start is the demo's (the
-``scripted-oracle`` demonstrator whose answers are saved to ``answer.txt`` only half of the
+``scripted-oracle`` demonstrator whose answers are saved to ``answer.txt`` only part of the
 time, imitated by SFT), then three RL runs of a few GRPO steps from that same warm-started
 policy:
 
