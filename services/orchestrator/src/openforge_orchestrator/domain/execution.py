@@ -106,7 +106,7 @@ class ExecutionSettings:
             attempt: The attempt that failed (>= 1).
             draw: A uniform draw in [0, 1) (the jitter).
         """
-        delay = min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (attempt - 1))
+        delay = min(self.retry_backoff_max_s, self.retry_backoff_s * 2.0 ** (attempt - 1))
         return delay * (0.5 + 0.5 * draw)
 
 
