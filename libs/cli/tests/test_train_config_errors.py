@@ -161,11 +161,11 @@ def test_the_warm_start_engine_gets_the_demonstrators_error_rate_kind_and_the_ru
 
     cfg = load_train_config(ROOT / "examples" / "demo" / "demo.yaml")
     warm_start = cfg.warm_start
-    assert warm_start is not None and warm_start.error_rate == 0.5
+    assert warm_start is not None and warm_start.error_rate == 0.75
     cfg = cfg.model_copy(update={"run": {**cfg.run, "seed": 7}})
     stack = LocalStack(tmp_path, base_port=50100, nats_port=4300, http_port=8100)
     warm = stack.env(cfg, warm_start.engine, tmp_path)
-    assert (warm["OPENFORGE_SCRIPTED_ERROR_RATE"], warm["OPENFORGE_SEED"]) == ("0.5", "7")
+    assert (warm["OPENFORGE_SCRIPTED_ERROR_RATE"], warm["OPENFORGE_SEED"]) == ("0.75", "7")
     assert warm["OPENFORGE_SCRIPTED_ERROR_KIND"] == warm_start.error_kind == "unwritten"
     policy = stack.env(cfg, cfg.stack.engine, tmp_path)
     assert not {"OPENFORGE_SCRIPTED_ERROR_RATE", "OPENFORGE_SCRIPTED_ERROR_KIND", "OPENFORGE_SEED"} & set(policy)
