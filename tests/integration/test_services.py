@@ -16,6 +16,8 @@ from openforge.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from openforge.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_core.rpc.client import open_channel
+from openforge_orchestrator.adapters.proxy import ProxySessions
+from openforge_orchestrator.domain.rollouts import Rollout, RolloutStatus
 from openforge_testing.plugin import ServiceFactory
 from openforge_testing.servers import NatsServer
 
@@ -47,6 +49,31 @@ def test_proxy_sessions(nats_server: NatsServer, service_process: ServiceFactory
             assert got.session.state == proxy_pb2.SESSION_STATE_OPEN
             closed = await stub.CloseSession(proxy_pb2.CloseSessionRequest(rollout_id="r1"))
             assert closed.session.state == proxy_pb2.SESSION_STATE_CLOSED
+            assert closed.session.rollout_attempt == 1
+            # the orchestrator re-runs the rollout: its second attempt's session says so (and
+            # every call record of it carries the attempt, so the store never mixes the two)
+            sessions = ProxySessions(svc.address)
+            try:
+                rollout = Rollout(
+                    rollout_id="r1",
+                    run_id="run",
+                    task_id="t",
+                    task_set="train",
+                    group_id="g",
+                    group_index=0,
+                    harness="command",
+                    model_name="tiny",
+                    status=RolloutStatus.RUNNING,
+                    min_policy_version=0,
+                    timeout_s=0.0,
+                    create_time=0.0,
+                )
+                assert (await sessions.open(rollout, 2, 60.0)).startswith("ofk-")
+                again = await stub.GetSession(proxy_pb2.GetSessionRequest(rollout_id="r1"))
+                assert (again.session.state, again.session.rollout_attempt) == (proxy_pb2.SESSION_STATE_OPEN, 2)
+                assert await sessions.close("r1") == 0
+            finally:
+                await sessions.aclose()
             assert await _code(stub.CreateSession(proxy_pb2.CreateSessionRequest())) == (
                 grpc.StatusCode.INVALID_ARGUMENT
             )

@@ -34,6 +34,9 @@ class ListRecorder:
     def __init__(self) -> None:
         self.records: list[CallRecordData] = []
         self.fail: Exception | None = None
+        #: Like ``fail``, for the records of answered calls only (a failed call's record, without
+        #: ids or bodies, still goes through, as a small record does past a bus's size limit).
+        self.fail_answered: Exception | None = None
         #: When set, a record is acknowledged (or fails) only after this wait, as over a network.
         self.ack_delay_s = 0.0
 
@@ -45,7 +48,19 @@ class ListRecorder:
             await asyncio.sleep(self.ack_delay_s)
         if self.fail is not None:
             raise self.fail
+        if self.fail_answered is not None and not data.error:
+            raise self.fail_answered
         self.records.append(data)
+
+    @property
+    def answered(self) -> list[CallRecordData]:
+        """The records of answered calls."""
+        return [r for r in self.records if not r.error]
+
+    @property
+    def failed(self) -> list[CallRecordData]:
+        """The records of calls admitted and not answered."""
+        return [r for r in self.records if r.error]
 
 
 @dataclass

@@ -17,6 +17,8 @@ def make_call(
     t: int = 0,
     version: int = 1,
     finish: int = common_pb2.FINISH_REASON_STOP,
+    rollout_attempt: int = 0,
+    error: str = "",
 ) -> common_pb2.CallRecord:
     """A call record whose logprob for token k is -k/1000 (easy to check position by position)."""
     c = common_pb2.CallRecord(
@@ -29,6 +31,8 @@ def make_call(
         completion_logprobs=[-tok / 1000 for tok in completion],
         completion_policy_versions=[version] * len(completion),
         finish_reason=finish,  # type: ignore[arg-type]
+        rollout_attempt=rollout_attempt,
+        error=error,
     )
     c.receive_time.FromNanoseconds(1_000_000_000 + t)
     return c
@@ -63,9 +67,24 @@ def submitted(*rollouts: common_pb2.Rollout, event_id: str = "sub/1") -> tuple[s
     return event_id, orch.RolloutsSubmitted(event_id=event_id, rollouts=list(rollouts))
 
 
-def finished(r: common_pb2.Rollout, calls: int) -> tuple[str, orch.RolloutFinished]:
+def failed_call(rollout_id: str, call_id: str, *, attempt: int = 1, t: int = 0) -> common_pb2.CallRecord:
+    """The record the proxy publishes for a call admitted and not answered: no ids, an error."""
+    c = common_pb2.CallRecord(
+        rollout_id=rollout_id,
+        call_id=call_id,
+        attempt=attempt,
+        run_id="run",
+        finish_reason=common_pb2.FINISH_REASON_ERROR,
+        http_status=503,
+        error="inference: UNAVAILABLE",
+    )
+    c.receive_time.FromNanoseconds(1_000_000_000 + t)
+    return c
+
+
+def finished(r: common_pb2.Rollout, calls: int, attempts: int = 0) -> tuple[str, orch.RolloutFinished]:
     eid = f"finished/{r.rollout_id}"
-    return eid, orch.RolloutFinished(event_id=eid, rollout=r, calls=calls)
+    return eid, orch.RolloutFinished(event_id=eid, rollout=r, calls=calls, attempts=attempts)
 
 
 def recorded(c: common_pb2.CallRecord) -> tuple[str, proxy.CallRecorded]:

@@ -46,6 +46,7 @@ def session_to_proto(s: Session) -> proxy_pb2.Session:
         expire_time=_ts(s.expire_time),
         calls=s.calls,
         total_tokens=s.total_tokens,
+        rollout_attempt=s.rollout_attempt,
     )
 
 
@@ -84,6 +85,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
             limits=limits,
             sampling=json_format.MessageToDict(request.sampling, preserving_proto_field_name=True),
             ttl_s=request.ttl.ToNanoseconds() / 1e9 if request.HasField("ttl") else None,
+            rollout_attempt=request.rollout_attempt,
         )
         return proxy_pb2.CreateSessionResponse(session=session_to_proto(session), api_key=key)
 

@@ -3,7 +3,10 @@
 Every error is answered in the caller's own shape (Anthropic
 ``{"type": "error", "error": {...}}`` with ``request-id``; OpenAI
 ``{"error": {"message", "type", "param", "code"}}`` with ``x-request-id``)
-and no error leaves a record.
+and no error before a call is admitted leaves a record. A call admitted and then not
+answered (the engine failed, the client left, the record could not be stored) leaves a
+failed record: its call id and attempt, the error, the status sent, no token ids — so the
+rollout's count of calls, taken at admission, is met by its records.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import grpc
 import pytest
 import zstandard
 
+from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import RecordTooLarge
 from openforge_proxy.domain.sessions import Limits
 from openforge_testing.fakes import ScriptedInferenceServer, final_text, tool_call_text
@@ -121,7 +125,12 @@ async def test_bad_json_too_large_and_unknown_model(model_dir: Path, start_proxy
     assert proxy.recorder.records == []
 
 
-async def test_inference_unavailable_is_503_and_not_recorded(model_dir: Path, start_proxy: Any) -> None:
+def assert_failed(rec: Any, status: int, *, attempt: int = 1, finish: Finish = Finish.ERROR) -> None:
+    assert rec.error and rec.http_status == status and rec.finish is finish and rec.attempt == attempt
+    assert rec.completion_ids == [] and len(rec.prompt) == 0 and rec.request_json == b"" and rec.rollout_attempt == 1
+
+
+async def test_inference_unavailable_is_503_and_leaves_a_failed_record(model_dir: Path, start_proxy: Any) -> None:
     fake = ScriptedInferenceServer(model_dir, [final_text("hi")])
     proxy = await start_proxy(fake)
     key = proxy.session()
@@ -129,12 +138,16 @@ async def test_inference_unavailable_is_503_and_not_recorded(model_dir: Path, st
     assert_anthropic_error(await proxy.post(MESSAGES, anthropic_body(stream=True), key=key), 503, "api_error")
     fake.fail_next.append(grpc.StatusCode.UNAVAILABLE)
     assert_openai_error(await proxy.post(RESPONSES, responses_body(), key=key, bearer=True), 503, "server_error")
-    assert proxy.recorder.records == []
+    first, second = proxy.recorder.records
+    assert_failed(first, 503)
+    assert_failed(second, 503)
+    assert "inference" in first.error and first.call_id != second.call_id
+    assert proxy.sessions.get("r1").calls == 2  # counted at admission, each met by a record
     # the retry is served and recorded as attempt 2 of the same call
     ok = await proxy.post(RESPONSES, responses_body(), key=key, bearer=True)
     assert ok.status == 200
-    (rec,) = proxy.recorder.records
-    assert rec.attempt == 2 and rec.completion_ids == fake.seen[-1].sampled_ids
+    (rec,) = proxy.recorder.answered
+    assert rec.attempt == 2 and rec.call_id == second.call_id and rec.completion_ids == fake.seen[-1].sampled_ids
 
 
 async def test_engine_down_before_model_loaded(model_dir: Path, start_proxy: Any) -> None:
@@ -160,7 +173,11 @@ async def test_mid_stream_failure_ends_with_the_protocols_error_event(model_dir:
     fake.fail_after_tokens = 3
     events = (await proxy.post(CHAT, chat_body(), key=key, bearer=True)).events()
     assert "error" in events[-1][1]
-    assert proxy.recorder.records == []
+    # each stream began with 200; none of the tokens sampled before the failure is recorded
+    # (the Chat request renders to the Responses request's prompt: a second attempt of its call)
+    assert len(proxy.recorder.failed) == len(proxy.recorder.records) == 3
+    for rec, attempt in zip(proxy.recorder.records, [1, 1, 2], strict=True):
+        assert_failed(rec, 200, attempt=attempt)
 
 
 async def test_limits_end_the_rollout_with_400(model_dir: Path, start_proxy: Any) -> None:
@@ -305,13 +322,18 @@ async def test_a_record_over_the_bus_limit_stops_the_harness(model_dir: Path, st
     """Retrying cannot make a record smaller: the terminal 400 of each protocol, not a 503."""
     proxy = await start_proxy(ScriptedInferenceServer(model_dir, default=lambda p: "fine"))
     key = proxy.session()
-    proxy.recorder.fail = RecordTooLarge(2_000_000, 1_048_576)
+    proxy.recorder.fail_answered = RecordTooLarge(2_000_000, 1_048_576)
     reply = await proxy.post(CHAT, chat_body(stream=False), key=key, bearer=True)
     assert_openai_error(reply, 400, "invalid_request_error")
     assert "2000000 bytes, over the event bus's limit of 1048576 bytes" in reply.json()["error"]["message"]
     reply = await proxy.post(MESSAGES, anthropic_body(stream=False), key=key)
     assert_anthropic_error(reply, 400, "invalid_request_error")
-    assert proxy.recorder.records == []
+    assert proxy.recorder.answered == []
+    # each refused call still leaves its small failed record (no ids, no bodies)
+    assert [r.error.startswith("record: the call record is 2000000 bytes") for r in proxy.recorder.failed] == [
+        True,
+        True,
+    ]
     # nothing of the refused calls stays in the session: no conversation view, no cached ids
     state = proxy.handler.state("r1")
     assert state is not None and not state.splicer.heads and len(state.splicer.cache) == 0
@@ -332,10 +354,11 @@ async def test_engine_output_the_store_would_refuse_fails_the_call_unrecorded(
     fake.short_logprobs = True
     events = (await proxy.post(MESSAGES, anthropic_body(stream=True), key=key)).events()
     assert events[-1][0] == "error" and all(e != "message_stop" for e, _ in events)
-    assert proxy.recorder.records == []
+    assert proxy.recorder.answered == []
     fake.misplaced_logprobs = True  # as many logprobs as ids in all, but not each with its token
     reply = await proxy.post(CHAT, chat_body(stream=False), key=key, bearer=True)
     assert_openai_error(reply, 503, "server_error")
-    assert proxy.recorder.records == []
+    assert proxy.recorder.answered == []
     assert (await proxy.post(CHAT, chat_body(stream=False), key=key, bearer=True)).status == 200  # then it serves
-    assert len(proxy.recorder.records) == 1
+    assert len(proxy.recorder.answered) == 1
+    assert [r.error != "" for r in proxy.recorder.records] == [True, True, True, False]

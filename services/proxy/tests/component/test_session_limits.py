@@ -31,7 +31,9 @@ async def test_a_call_counts_as_a_turn_when_admitted_even_if_its_first_attempt_f
     assert (await proxy.post(CHAT, _chat("first"), key=key, bearer=True)).status == 200  # its retry
     refused = await proxy.post(CHAT, _chat("second"), key=key, bearer=True)
     assert refused.status == 400 and "rollout limit reached" in refused.json()["error"]["message"]
-    assert [(r.attempt, r.call_id) for r in proxy.recorder.records] == [(2, proxy.recorder.records[0].call_id)]
+    first, retry = proxy.recorder.records
+    assert (first.attempt, first.completion_ids) == (1, []) and "fake inference failure" in first.error
+    assert (retry.attempt, retry.call_id, retry.error) == (2, first.call_id, "")
     session = proxy.sessions.get("r1")
     assert session.calls == 1 and session.reserved_tokens == 0
 
@@ -59,8 +61,9 @@ async def test_a_call_of_a_replaced_session_fails_cleanly_and_is_not_counted_in_
     model_dir: Path, start_proxy: Any, stream: bool
 ) -> None:
     """The session is closed and a new one opened for the rollout while the engine generates:
-    the call fails whole in its protocol's shape (an error event ends a stream), nothing is
-    recorded, and nothing is counted in the new session."""
+    the call fails whole in its protocol's shape (an error event ends a stream), only its failed
+    record is stored (the old session counted it), and nothing is counted in the new session,
+    whose records carry the new attempt of the rollout."""
     fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "word " * 40, token_delay_s=0.02)
     proxy = await start_proxy(fake)
     key = proxy.session("r1", limits=Limits(max_turns=1))
@@ -79,6 +82,7 @@ async def test_a_call_of_a_replaced_session_fails_cleanly_and_is_not_counted_in_
         limits=Limits(max_turns=1),
         sampling={},
         ttl_s=None,
+        rollout_attempt=2,
     )
     old = await asyncio.wait_for(old_call, 10)
     if stream:
@@ -87,10 +91,13 @@ async def test_a_call_of_a_replaced_session_fails_cleanly_and_is_not_counted_in_
         assert "error" in last and "session ended" in last["error"]["message"]
     else:
         assert old.status == 401 and "session ended" in old.json()["error"]["message"]
-    assert proxy.recorder.records == []
+    (failed,) = proxy.recorder.records
+    assert "session ended" in failed.error and failed.completion_ids == [] and failed.rollout_attempt == 1
     session = proxy.sessions.get("r1")
     assert session.calls == 0 and session.total_tokens == 0 and session.reserved_tokens == 0
+    assert session.rollout_attempt == 2
     assert (await proxy.post(CHAT, _chat("new"), key=new_key, bearer=True)).status == 200
+    assert [(r.rollout_attempt, r.error == "") for r in proxy.recorder.records] == [(1, False), (2, True)]
 
 
 async def test_a_call_that_could_not_be_recorded_uses_no_budget(model_dir: Path, start_proxy: Any) -> None:

@@ -18,6 +18,8 @@ from openforge_proxy.adapters.inference import generate_request_bytes
 from openforge_proxy.adapters.publisher import NatsRecorder, event_bytes, record_proto
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.engine import Sampling
+from openforge_proxy.domain.output import Finish
+from openforge_proxy.domain.record import failed_record
 from openforge_proxy.domain.scrub import scrub_json_bytes
 from openforge_proxy.domain.splice import BreakCause, Span, SpliceReport
 from openforge_proxy.domain.tokens import PackedIds, ids_array, pack_ids
@@ -88,6 +90,33 @@ def test_event_bytes_parse_as_the_protobuf_event() -> None:
     assert events_pb2.CallRecorded.FromString(event_bytes(data)) == events_pb2.CallRecorded(
         event_id=data.event_id, record=record_proto(data)
     )
+
+
+def test_a_failed_calls_event_carries_its_error_and_attempts_and_no_ids() -> None:
+    data = failed_record(
+        rollout_id="ro",
+        run_id="run",
+        rollout_attempt=2,
+        call_id="call0003-abc",
+        attempt=3,
+        wire_api=WireApi.OPENAI_RESPONSES,
+        model="m",
+        stream=True,
+        sampling={"max_tokens": 9},
+        request_headers={"h": "v"},
+        error="inference: UNAVAILABLE",
+        http_status=200,
+        finish=Finish.ERROR,
+        receive_time=1.5,
+        total_s=0.25,
+    )
+    raw = event_bytes(data)
+    got = events_pb2.CallRecorded.FromString(raw).record
+    assert got == record_proto(data) and len(raw) < 200
+    assert (got.rollout_attempt, got.attempt, got.error) == (2, 3, "inference: UNAVAILABLE")
+    assert got.finish_reason == common_pb2.FINISH_REASON_ERROR and got.http_status == 200
+    assert not got.prompt_token_ids and not got.completion_token_ids and not got.request_json
+    assert events_pb2.CallRecorded.FromString(raw).event_id == "ro/call0003-abc/3"
 
 
 def test_event_bytes_against_a_base_rebuild_the_full_event() -> None:

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import stat
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from store_builders import conversation, finished, make_call, make_rollout, recorded, submitted
+from store_builders import conversation, failed_call, finished, make_call, make_rollout, recorded, submitted
 
 from openforge.common.v1 import common_pb2
 from openforge.orchestrator.v1 import events_pb2 as orch
 from openforge_core.errors import FailedPrecondition, InvalidArgument, NotFound
-from openforge_trajectory_store.adapters import export
+from openforge_trajectory_store.adapters import export, sql
 from openforge_trajectory_store.adapters.sql import SqlRepository
 from openforge_trajectory_store.domain.query import RolloutFilter
 
@@ -29,19 +30,19 @@ def _group(repo: SqlRepository, n: int = 2, turns: int = 3) -> list[common_pb2.R
     return rollouts
 
 
-def _finish(r: common_pb2.Rollout, reward: float, calls: int) -> tuple[str, orch.RolloutFinished]:
+def _finish(r: common_pb2.Rollout, reward: float, calls: int, attempts: int = 0) -> tuple[str, orch.RolloutFinished]:
     done = common_pb2.Rollout()
     done.CopyFrom(r)
     done.status = DONE
     done.reward = reward
-    return finished(done, calls)
+    return finished(done, calls, attempts)
 
 
 def test_migrations_are_versioned_and_idempotent(repo: SqlRepository) -> None:
-    assert repo.schema_version() == 2
+    assert repo.schema_version() == 3
     repo.close()
     repo.open()
-    assert repo.schema_version() == 2
+    assert repo.schema_version() == 3
 
 
 def test_redelivery_never_duplicates(repo: SqlRepository) -> None:
@@ -86,6 +87,80 @@ def test_waits_for_calls_still_in_flight(repo: SqlRepository) -> None:
     done = repo.ingest([recorded(calls[2])]).completed_groups
     assert [g.group_id for g in done] == ["g1"]
     assert list(repo.samples("r0")[0].call_ids) == ["c0", "c1", "c2"]
+
+
+def test_a_failed_call_closes_the_rollouts_count_and_enters_no_sample(repo: SqlRepository) -> None:
+    """The proxy counted 3 calls; the second failed at inference (its record: an error, no ids) and
+    the harness went on with a changed request: the rollout assembles from the 2 answered calls."""
+    calls = conversation("r0", 2)
+    r0 = make_rollout("r0")
+    repo.ingest([submitted(r0), recorded(calls[0]), recorded(failed_call("r0", "c-failed", t=500))])
+    assert repo.ingest([_finish(r0, 1.0, 3)]).completed_groups == []  # the last call is still in flight
+    done = repo.ingest([recorded(calls[1])]).completed_groups
+    assert [g.group_id for g in done] == ["g1"]
+    [sample] = repo.samples("r0")
+    assert list(sample.call_ids) == ["c0", "c1"] and sample.break_cause == common_pb2.BREAK_CAUSE_NONE
+    assert [c.error for c in repo.calls("r0")] == ["", "inference: UNAVAILABLE", ""]  # kept for inspection
+
+
+def test_only_the_last_attempt_of_a_re_run_rollout_is_assembled(repo: SqlRepository) -> None:
+    """The orchestrator re-ran the rollout (same id) after its first attempt's proxy session was
+    lost: both attempts' calls are stored, the samples come from attempt 2 only, and the count
+    of calls the rollout waits for is attempt 2's."""
+    first = [
+        make_call(
+            "r0", f"a1-{c.call_id}", list(c.prompt_token_ids), list(c.completion_token_ids), t=i, rollout_attempt=1
+        )
+        for i, c in enumerate(conversation("r0", 2, seed=1))
+    ]
+    second = [
+        make_call(
+            "r0",
+            f"a2-{c.call_id}",
+            list(c.prompt_token_ids),
+            list(c.completion_token_ids),
+            t=100 + i,
+            rollout_attempt=2,
+        )
+        for i, c in enumerate(conversation("r0", 3, seed=2))
+    ]
+    r0 = make_rollout("r0")
+    repo.ingest([submitted(r0), *[recorded(c) for c in first], recorded(second[0]), recorded(second[1])])
+    # 4 calls are stored, but attempt 2 made 3: wait for its third
+    assert repo.ingest([_finish(r0, 1.0, 3, attempts=2)]).completed_groups == []
+    assert [g.group_id for g in repo.ingest([recorded(second[2])]).completed_groups] == ["g1"]
+    [sample] = repo.samples("r0")
+    assert list(sample.call_ids) == ["a2-c0", "a2-c1", "a2-c2"]
+    assert list(sample.prompt_token_ids) == list(second[0].prompt_token_ids)
+    assert len(repo.calls("r0")) == 5
+
+
+def test_a_store_of_schema_2_is_migrated_and_its_calls_read_as_attempt_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    monkeypatch.setattr(sql, "MIGRATIONS", sql.MIGRATIONS[:2])
+    old = SqlRepository(url)
+    old.open()
+    old.close()
+    monkeypatch.undo()
+    with sqlite3.connect(tmp_path / "store.db") as db:  # calls as schema 2 stored them
+        for c in conversation("r0", 2):
+            db.execute(
+                "INSERT INTO calls (rollout_id, call_id, attempt, run_id, receive_time, data)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (c.rollout_id, c.call_id, c.attempt, c.run_id, c.receive_time.ToNanoseconds(), c.SerializeToString()),
+            )
+    new = SqlRepository(url)
+    new.open()
+    try:
+        assert new.schema_version() == 3
+        r0 = make_rollout("r0")
+        new.ingest([submitted(r0)])
+        assert [g.group_id for g in new.ingest([_finish(r0, 1.0, 2, attempts=1)]).completed_groups] == ["g1"]
+        assert list(new.samples("r0")[0].call_ids) == ["c0", "c1"]
+    finally:
+        new.close()
 
 
 def test_finish_before_submit_and_stale_states(repo: SqlRepository) -> None:

@@ -58,6 +58,7 @@ class ProxySessions:
                 deadline=deadline,
             ),
             ttl=Duration(seconds=int(ttl_s) + 1),
+            rollout_attempt=attempt,
         )
         if rollout.sampling:
             request.sampling.CopyFrom(json_format.ParseDict(dict(rollout.sampling), common_pb2.SamplingParams()))

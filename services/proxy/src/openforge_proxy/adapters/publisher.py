@@ -25,6 +25,7 @@ from google.protobuf import struct_pb2
 from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import events_pb2
 from openforge_core.events import EventBus, MessageTooLarge, subject_for
+from openforge_core.protowire import LEN
 from openforge_core.record_delta import RecordCut
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
@@ -69,8 +70,8 @@ def splice_proto(report: SpliceReport) -> common_pb2.SpliceReport:
     )
 
 
-_REUSED_TAG = varint(1 << 3 | 2)  # SpliceReport.reused
-_RENDERED_TAG = varint(2 << 3 | 2)  # SpliceReport.rendered
+_REUSED_TAG = varint(common_pb2.SpliceReport.REUSED_FIELD_NUMBER << 3 | LEN)
+_RENDERED_TAG = varint(common_pb2.SpliceReport.RENDERED_FIELD_NUMBER << 3 | LEN)
 
 
 def _span_field(tag: bytes, span: Span) -> bytes:
@@ -146,6 +147,8 @@ def record_proto(
         request_headers=data.request_headers,
         model=data.model,
         stream=data.stream,
+        rollout_attempt=data.rollout_attempt,
+        error=data.error,
     )
     if splice:
         rec.splice.CopyFrom(splice_proto(data.splice))
@@ -166,13 +169,14 @@ def record_proto(
     return rec
 
 
-_RECORD_PROMPT_TAG = varint(8 << 3 | 2)  # CallRecord.prompt_token_ids
-_RECORD_SPLICE_TAG = varint(17 << 3 | 2)  # CallRecord.splice
-_RECORD_REQUEST_JSON_TAG = varint(19 << 3 | 2)  # CallRecord.request_json
-_RECORD_RESPONSE_BODY_TAG = varint(21 << 3 | 2)  # CallRecord.response_body
-_RECORD_CANONICAL_JSON_TAG = varint(22 << 3 | 2)  # CallRecord.canonical_json
-_RECORD_DELTA_TAG = varint(25 << 3 | 2)  # CallRecord.delta
-_EVENT_RECORD_TAG = varint(2 << 3 | 2)  # CallRecorded.record
+_Rec = common_pb2.CallRecord
+_RECORD_PROMPT_TAG = varint(_Rec.PROMPT_TOKEN_IDS_FIELD_NUMBER << 3 | LEN)
+_RECORD_SPLICE_TAG = varint(_Rec.SPLICE_FIELD_NUMBER << 3 | LEN)
+_RECORD_REQUEST_JSON_TAG = varint(_Rec.REQUEST_JSON_FIELD_NUMBER << 3 | LEN)
+_RECORD_RESPONSE_BODY_TAG = varint(_Rec.RESPONSE_BODY_FIELD_NUMBER << 3 | LEN)
+_RECORD_CANONICAL_JSON_TAG = varint(_Rec.CANONICAL_JSON_FIELD_NUMBER << 3 | LEN)
+_RECORD_DELTA_TAG = varint(_Rec.DELTA_FIELD_NUMBER << 3 | LEN)
+_EVENT_RECORD_TAG = varint(events_pb2.CallRecorded.RECORD_FIELD_NUMBER << 3 | LEN)
 
 
 @dataclass(frozen=True)

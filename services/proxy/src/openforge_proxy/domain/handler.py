@@ -48,7 +48,7 @@ from openforge_proxy.domain.json_text import replace_lone_surrogates
 from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, ToolCallOut, Usage
 from openforge_proxy.domain.protocols import anthropic, chat, dumps, responses
 from openforge_proxy.domain.protocols.memo import BodyMemo, ConversationMemo
-from openforge_proxy.domain.record import CallRecordData, Recorder, RecordTooLarge
+from openforge_proxy.domain.record import CallRecordData, Recorder, RecordTooLarge, failed_record
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.scrub import BodyScrubber, scrub_headers
 from openforge_proxy.domain.sessions import Session, SessionRegistry
@@ -638,6 +638,7 @@ class CallHandler:
             kind = ErrorKind.UNAVAILABLE if isinstance(exc, EngineUnavailable) else ErrorKind.INVALID_REQUEST
             status, payload, extra = error_response(wire, ApiError(kind, f"inference: {exc}"), request_id)
             log.info(EV_CALL_FAILED, wire=wire.value, status=status, call_id=p.call_id, reason=str(exc))
+            await self._record_failed(p, headers, f"inference: {exc}", status, received, receive_time)
             await responder.send_json(status, payload, extra)
             return
         gen = _Generation(p)
@@ -668,18 +669,23 @@ class CallHandler:
         except ClientGone:
             log.info(EV_CLIENT_GONE, call_id=p.call_id, attempt=p.attempt)
             await self._engine.abort(gen_id)
+            await self._record_failed(
+                p, headers, "the client went away", 0, received, receive_time, finish=Finish.ABORT
+            )
             return
         except (EngineUnavailable, EngineRejected) as exc:
             log.info(EV_CALL_FAILED, call_id=p.call_id, attempt=p.attempt, reason=str(exc), mid_stream=True)
+            err = ApiError(ErrorKind.UNAVAILABLE, f"inference: {exc}")
+            # a stream began with 200 and ends with the protocol's error event
+            status = 200 if p.request.stream else err.status
+            await self._record_failed(p, headers, err.message, status, received, receive_time)
             if p.request.stream:
                 try:
                     await responder.write(encoder.error(f"inference failed: {exc}"))
                 except ClientGone:
                     pass
             else:
-                status, payload, extra = error_response(
-                    wire, ApiError(ErrorKind.UNAVAILABLE, f"inference: {exc}"), request_id
-                )
+                status, payload, extra = error_response(wire, err, request_id)
                 await responder.send_json(status, payload, extra)
             return
         # the RPC's end is read once the answer is out (what it costs is not on the answer's path)
@@ -700,6 +706,7 @@ class CallHandler:
             except OpenForgeError:
                 err = ApiError(ErrorKind.AUTHENTICATION, "the session ended while the call was served")
                 log.info(EV_CALL_FAILED, call_id=p.call_id, attempt=p.attempt, reason=err.message)
+                await self._record_failed(p, headers, err.message, 0, received, receive_time)
                 await _break_off(responder, encoder, err, wire, request_id, stream=p.request.stream, held=False)
                 return
             turn_id = turn_id_of(p.call_id, p.attempt)
@@ -728,6 +735,7 @@ class CallHandler:
                 extra={"turn_id": turn_id},
                 cut=pre.cut,
                 parts=pre.parts,
+                rollout_attempt=p.session.rollout_attempt,
             )
             recording = asyncio.ensure_future(self._recorder.record(record))
             # one turn: the record is encoded and queued, or refused (too large, no connection);
@@ -763,6 +771,7 @@ class CallHandler:
                 else:
                     log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=type(exc).__name__)
                     err = ApiError(ErrorKind.UNAVAILABLE, "the call could not be recorded; retry")
+                await self._record_failed(p, headers, f"record: {exc}", 0, received, receive_time)
                 await _break_off(responder, encoder, err, wire, request_id, stream=p.request.stream, held=held)
                 return
             # counted once stored (a call that could not be recorded is retried, and counted then)
@@ -803,6 +812,43 @@ class CallHandler:
             )
         finally:
             self._drain(stream, p.call_id)
+
+    async def _record_failed(
+        self,
+        p: _Prepared,
+        headers: Mapping[str, str],
+        error: str,
+        status: int,
+        received: float,
+        receive_time: float,
+        *,
+        finish: Finish = Finish.ERROR,
+    ) -> None:
+        """Stores the record of an admitted call that was not answered (:func:`.record.failed_record`),
+        so the rollout's count of calls (taken at admission) is met by its records. Best effort: a
+        record that cannot be stored is logged (the harness's retry of the call, a new attempt with
+        the same call id, closes the count then)."""
+        record = failed_record(
+            rollout_id=p.session.rollout_id,
+            run_id=p.session.run_id,
+            rollout_attempt=p.session.rollout_attempt,
+            call_id=p.call_id,
+            attempt=p.attempt,
+            wire_api=p.request.wire,
+            model=p.request.model,
+            stream=p.request.stream,
+            sampling=p.sampling.as_dict(),
+            request_headers=scrub_headers(headers),
+            error=error,
+            http_status=status,
+            finish=finish,
+            receive_time=receive_time,
+            total_s=time.monotonic() - received,
+        )
+        try:
+            await asyncio.shield(self._recorder.record(record))
+        except Exception as exc:
+            log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=type(exc).__name__, failed=True)
 
     def _drain(self, stream: AsyncIterator[Delta], call_id: str) -> None:
         """Reads a generation's stream to its end in the background, once a delta said it finished

@@ -13,12 +13,12 @@ from openforge_core.record_delta import RecordBase, RecordCut
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.splice import SpliceReport
-from openforge_proxy.domain.tokens import PackedIds, pack_ids
+from openforge_proxy.domain.tokens import PackedIds, ids_array, pack_ids
 
 
 @dataclass
 class CallRecordData:
-    """Everything recorded about one answered attempt of one call.
+    """Everything recorded about one attempt of one call: answered, or failed (``error``).
 
     Attributes:
         rollout_id: The rollout.
@@ -49,6 +49,9 @@ class CallRecordData:
         parts: What the recorder's :meth:`Recorder.encode_parts` made of the fields that do
             not depend on the answer (prompt, request and canonical JSON, splice report, cut),
             also while the engine generates; None: encoded with the rest.
+        rollout_attempt: The orchestrator's attempt of the rollout (the session's).
+        error: Why the call failed, empty when it was answered. A failed call's record has no
+            prompt or sampled ids (:func:`failed_record`).
     """
 
     rollout_id: str
@@ -76,6 +79,8 @@ class CallRecordData:
     extra: dict[str, Any] = field(default_factory=dict)
     cut: RecordCut | None = None
     parts: object = None
+    rollout_attempt: int = 1
+    error: str = ""
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -97,6 +102,56 @@ class CallRecordData:
     def event_id(self) -> str:
         """``<rollout_id>/<call_id>/<attempt>`` (the ``Nats-Msg-Id``)."""
         return f"{self.rollout_id}/{self.call_id}/{self.attempt}"
+
+
+def failed_record(
+    *,
+    rollout_id: str,
+    run_id: str,
+    rollout_attempt: int,
+    call_id: str,
+    attempt: int,
+    wire_api: WireApi,
+    model: str,
+    stream: bool,
+    sampling: dict[str, Any],
+    request_headers: dict[str, str],
+    error: str,
+    http_status: int,
+    finish: Finish,
+    receive_time: float,
+    total_s: float,
+) -> CallRecordData:
+    """The record of an admitted call that was not answered (ARCHITECTURE.md, invariants: "a call
+    that fails still leaves a record"): its identity, the error, the status the harness got (0:
+    none, it went away) and no token ids, bodies or splice report, so it is small enough to be
+    stored whatever made the call fail, and assembly never trains on it.
+    """
+    return CallRecordData(
+        rollout_id=rollout_id,
+        run_id=run_id,
+        call_id=call_id,
+        attempt=attempt,
+        wire_api=wire_api,
+        model=model,
+        request_json=b"",
+        request_headers=request_headers,
+        canonical_json=b"",
+        prompt=PackedIds(ids_array(), b""),
+        completion_ids=[],
+        logprobs=[],
+        policy_versions=[],
+        sampling=sampling,
+        finish=finish,
+        receive_time=receive_time,
+        ttfb_s=0.0,
+        total_s=total_s,
+        splice=SpliceReport(),
+        http_status=http_status,
+        stream=stream,
+        rollout_attempt=rollout_attempt,
+        error=error,
+    )
 
 
 class RecordTooLarge(Exception):

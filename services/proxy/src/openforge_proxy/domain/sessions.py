@@ -70,6 +70,8 @@ class Session:
         reserved_tokens: Tokens that the calls in flight may still use: each reserves its
             prompt and its completion cap when admitted, until it ends.
         serial: Tells this session from an earlier one of the same rollout.
+        rollout_attempt: The orchestrator's attempt of the rollout (1-based), written on every
+            call record of the session so that the attempts of a re-run rollout never mix.
     """
 
     rollout_id: str
@@ -84,6 +86,7 @@ class Session:
     total_tokens: int = 0
     reserved_tokens: int = 0
     serial: int = 0
+    rollout_attempt: int = 1
 
 
 def _digest(key: str) -> str:
@@ -135,8 +138,12 @@ class SessionRegistry:
         limits: Limits,
         sampling: dict[str, Any],
         ttl_s: float | None,
+        rollout_attempt: int = 0,
     ) -> tuple[Session, str]:
         """Opens a session; idempotent per ``request_id``.
+
+        Args:
+            rollout_attempt: The orchestrator's attempt of the rollout (1-based; 0 = 1).
 
         Returns:
             The session and its API key.
@@ -153,6 +160,8 @@ class SessionRegistry:
                 raise InvalidArgument.field(f"limits.{name}", "must be >= 0 (0 = no limit)")
         if ttl_s is not None and ttl_s <= 0:
             raise InvalidArgument.field("ttl", "must be positive")
+        if rollout_attempt < 0:
+            raise InvalidArgument.field("rollout_attempt", "must be >= 1 (0 = 1)")
         existing = self._refresh(self._by_rollout.get(rollout_id))
         if existing is not None:
             if request_id and existing.request_id == request_id:
@@ -181,6 +190,7 @@ class SessionRegistry:
             create_time=now,
             expire_time=expire,
             serial=next(self._serials),
+            rollout_attempt=max(1, rollout_attempt),
         )
         entry = _Entry(session=session, key_digest=_digest(key), request_id=request_id, key=key)
         self._by_rollout[rollout_id] = entry

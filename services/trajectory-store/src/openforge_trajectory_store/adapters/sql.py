@@ -18,6 +18,9 @@ Schema (versioned; :data:`MIGRATIONS` are applied in order and recorded in
   stored as a delta on an earlier call (:mod:`..domain.tokens`).
 * ``samples``: serialized ``Sample`` per (rollout, index).
 * ``step_metrics``: the trainer's ``StepCompleted`` per (run, step) (schema version 2).
+* ``calls.rollout_attempt``, ``rollouts.attempts``: which of the orchestrator's attempts of a
+  rollout made each call, and how many it made (schema version 3): only the calls of the last
+  attempt are assembled.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from openforge.trajectory.v1 import trajectory_pb2
 from openforge_core import record_delta
 from openforge_core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from openforge_trajectory_store.domain import tokens, wire
-from openforge_trajectory_store.domain.assembly import assemble
+from openforge_trajectory_store.domain.assembly import assemble, last_rollout_attempt
 from openforge_trajectory_store.domain.query import (
     PageCursor,
     RolloutFilter,
@@ -88,6 +91,10 @@ MIGRATIONS: list[list[str]] = [
     [
         "CREATE TABLE step_metrics (run_id TEXT NOT NULL, step BIGINT NOT NULL, policy_version BIGINT NOT NULL,"
         " data {blob} NOT NULL, PRIMARY KEY (run_id, step))",
+    ],
+    [
+        "ALTER TABLE calls ADD COLUMN rollout_attempt INTEGER NOT NULL DEFAULT 1",
+        "ALTER TABLE rollouts ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",
     ],
 ]
 
@@ -341,7 +348,7 @@ class SqlRepository:
                 elif isinstance(event, orch_events.RolloutStarted):
                     self._upsert_rollout(event.rollout, 0, now)
                 elif isinstance(event, orch_events.RolloutFinished):
-                    self._upsert_rollout(event.rollout, event.calls, now)
+                    self._upsert_rollout(event.rollout, event.calls, now, attempts=event.attempts)
                     touched_rollouts.append(event.rollout.rollout_id)
                 elif isinstance(event, orch_events.RunRegistered):
                     m = event.manifest
@@ -384,14 +391,14 @@ class SqlRepository:
             self._keep_delta_base(key, full)
         return result
 
-    def _upsert_rollout(self, r: common_pb2.Rollout, expected_calls: int, now: float) -> None:
+    def _upsert_rollout(self, r: common_pb2.Rollout, expected_calls: int, now: float, *, attempts: int = 0) -> None:
         row = self._x("SELECT status FROM rollouts WHERE rollout_id = ?", (r.rollout_id,)).fetchone()
         data = r.SerializeToString()
         reward = r.reward if r.HasField("reward") else None
         if row is None:
             self._x(
                 "INSERT INTO rollouts (rollout_id, run_id, task_id, group_id, status, reward, create_time,"
-                " expected_calls, updated_at, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " expected_calls, attempts, updated_at, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     r.rollout_id,
                     r.run_id,
@@ -401,6 +408,7 @@ class SqlRepository:
                     reward,
                     r.create_time.ToNanoseconds(),
                     expected_calls,
+                    attempts,
                     now,
                     data,
                 ),
@@ -410,13 +418,11 @@ class SqlRepository:
                 (r.run_id, r.task_id, now),
             )
         elif status_rank(r.status) >= status_rank(row[0]):
+            larger = "GREATEST" if self.postgres else "MAX"
             self._x(
-                "UPDATE rollouts SET status = ?, reward = ?, expected_calls = MAX(expected_calls, ?),"
-                " updated_at = ?, data = ? WHERE rollout_id = ?"
-                if not self.postgres
-                else "UPDATE rollouts SET status = ?, reward = ?, expected_calls = GREATEST(expected_calls, ?),"
-                " updated_at = ?, data = ? WHERE rollout_id = ?",
-                (int(r.status), reward, expected_calls, now, data, r.rollout_id),
+                f"UPDATE rollouts SET status = ?, reward = ?, expected_calls = {larger}(expected_calls, ?),"
+                f" attempts = {larger}(attempts, ?), updated_at = ?, data = ? WHERE rollout_id = ?",
+                (int(r.status), reward, expected_calls, attempts, now, data, r.rollout_id),
             )
 
     def _insert_call(
@@ -443,12 +449,13 @@ class SqlRepository:
         base = pending.get(rec.rollout_id) or self._bases.get(rec.rollout_id)
         stored = tokens.encode(data, base)
         cur = self._x(
-            "INSERT INTO calls (rollout_id, call_id, attempt, run_id, receive_time, base_call_id, base_attempt,"
-            " prefix_len, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            "INSERT INTO calls (rollout_id, call_id, attempt, rollout_attempt, run_id, receive_time, base_call_id,"
+            " base_attempt, prefix_len, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (
                 rec.rollout_id,
                 rec.call_id,
                 rec.attempt,
+                max(1, rec.rollout_attempt),
                 rec.run_id,
                 rec.receive_time.ToNanoseconds(),
                 stored.base[0] if stored.base else None,
@@ -457,7 +464,7 @@ class SqlRepository:
                 stored.data,
             ),
         )
-        if cur.rowcount:
+        if cur.rowcount and stored.sequence:  # a failed call (no ids) is no base for the next
             pending[rec.rollout_id] = (stored.key, stored.sequence)
             pending_full[(rec.rollout_id, *stored.key)] = record_delta.FullParts.of(data, stored.sequence)
 
@@ -525,24 +532,27 @@ class SqlRepository:
 
     def _maybe_assemble(self, rollout_id: str) -> str | None:
         row = self._x(
-            "SELECT status, expected_calls, assembled, group_id, data, run_id FROM rollouts WHERE rollout_id = ?",
+            "SELECT status, expected_calls, assembled, group_id, data, run_id, attempts FROM rollouts"
+            " WHERE rollout_id = ?",
             (rollout_id,),
         ).fetchone()
         if row is None or status_rank(row[0]) < _TERMINAL:
             return None
-        _, expected, assembled, group_id, data, run_id = row
+        _, expected, assembled, group_id, data, run_id, attempts = row
         group_done = self._x("SELECT completed_seq FROM groups_ WHERE group_id = ?", (group_id,)).fetchone()
         if group_done is not None and group_done[0] is not None:
             if assembled:
                 log.warning("call.after_group_completed", rollout_id=rollout_id, group_id=group_id)
             return None
-        distinct = self._x("SELECT COUNT(DISTINCT call_id) FROM calls WHERE rollout_id = ?", (rollout_id,)).fetchone()[
-            0
-        ]
+        # the calls of the rollout's last attempt (every call when the attempts are not known)
+        distinct = self._x(
+            "SELECT COUNT(DISTINCT call_id) FROM calls WHERE rollout_id = ? AND (rollout_attempt = ? OR ? = 0)",
+            (rollout_id, attempts, attempts),
+        ).fetchone()[0]
         if distinct < expected:
             return None  # waiting for call events still in flight
         rollout = common_pb2.Rollout.FromString(bytes(data))
-        samples = assemble(rollout, self._load_calls(rollout_id))
+        samples = assemble(rollout, last_rollout_attempt(self._load_calls(rollout_id), attempts))
         self._x("DELETE FROM samples WHERE rollout_id = ?", (rollout_id,))
         for index, sample in enumerate(samples):
             self._x(

@@ -19,7 +19,10 @@ response_logprobs).
 
 Retried attempts: of the attempts of one call, only the one the harness
 continued with enters a sample — the attempt whose prompt + completion the next
-call's prompt extends, or else the last attempt that completed.
+call's prompt extends, or else the last attempt that completed. A failed
+attempt (``CallRecord.error``: no tokens) never does. Of a rollout the
+orchestrator re-ran after an infrastructure failure, only the calls of its last
+attempt are assembled (the caller selects them: :func:`last_rollout_attempt`).
 
 Rewards: every sample carries its rollout's verifier reward. A rollout without
 one (failed, cancelled, timed out before its verifier ran, or flagged for
@@ -46,9 +49,36 @@ _NO_BREAK = (common_pb2.BREAK_CAUSE_UNSPECIFIED, common_pb2.BREAK_CAUSE_NONE)
 _OK_FINISH = (common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH)
 _PARTIAL = (common_pb2.ROLLOUT_STATUS_TIMED_OUT, common_pb2.ROLLOUT_STATUS_FAILED, common_pb2.ROLLOUT_STATUS_CANCELLED)
 
-# Sample field numbers (openforge.trajectory.v1.Sample).
-_S_ID, _S_ROLLOUT, _S_INDEX, _S_PROMPT, _S_RESPONSE, _S_MASK, _S_LOGPROBS, _S_VERSIONS = 1, 2, 3, 4, 5, 6, 7, 8
-_S_CAUSE, _S_CALLS, _S_REWARD, _S_PARTIAL, _S_DETAIL = 9, 10, 11, 12, 13
+_Sample = trajectory_pb2.Sample
+_S_ID = _Sample.SAMPLE_ID_FIELD_NUMBER
+_S_ROLLOUT = _Sample.ROLLOUT_ID_FIELD_NUMBER
+_S_INDEX = _Sample.INDEX_FIELD_NUMBER
+_S_PROMPT = _Sample.PROMPT_TOKEN_IDS_FIELD_NUMBER
+_S_RESPONSE = _Sample.RESPONSE_TOKEN_IDS_FIELD_NUMBER
+_S_MASK = _Sample.LOSS_MASK_FIELD_NUMBER
+_S_LOGPROBS = _Sample.ROLLOUT_LOGPROBS_FIELD_NUMBER
+_S_VERSIONS = _Sample.POLICY_VERSIONS_FIELD_NUMBER
+_S_CAUSE = _Sample.BREAK_CAUSE_FIELD_NUMBER
+_S_CALLS = _Sample.CALL_IDS_FIELD_NUMBER
+_S_REWARD = _Sample.REWARD_FIELD_NUMBER
+_S_PARTIAL = _Sample.PARTIAL_FIELD_NUMBER
+_S_DETAIL = _Sample.BREAK_DETAIL_FIELD_NUMBER
+
+
+def last_rollout_attempt(calls: Sequence[CallView], attempts: int) -> list[CallView]:
+    """The calls of a rollout's last attempt.
+
+    Args:
+        calls: Every recorded call of the rollout.
+        attempts: The orchestrator's attempts of the rollout (``RolloutFinished.attempts``);
+            0 when not known (every call is kept).
+
+    Returns:
+        The calls whose ``rollout_attempt`` is ``attempts``, in the given order.
+    """
+    if attempts <= 0:
+        return list(calls)
+    return [c for c in calls if c.rollout_attempt == attempts]
 
 
 def select_attempts(calls: Sequence[CallView]) -> list[CallView]:
@@ -58,11 +88,14 @@ def select_attempts(calls: Sequence[CallView]) -> list[CallView]:
         calls: Every attempt of every call of one rollout, in receive order.
 
     Returns:
-        The attempt the harness continued with, per call id.
+        The attempt the harness continued with, per call id; a call whose every attempt failed
+        (``error`` set) has none.
     """
     order: list[str] = []
     attempts: dict[str, list[CallView]] = {}
     for c in calls:
+        if c.error:
+            continue
         if c.call_id not in attempts:
             order.append(c.call_id)
             attempts[c.call_id] = []

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from google.protobuf import timestamp_pb2
+
+from openforge.common.v1 import common_pb2
 from openforge_core.protowire import (
     I32,
     I64,
@@ -44,8 +47,22 @@ __all__ = [
 ]
 
 
-# CallRecord field numbers (openforge.common.v1.CallRecord).
-CALL_ID, ATTEMPT, PROMPT, COMPLETION, LOGPROBS, VERSIONS, FINISH, RECEIVE_TIME, SPLICE = 2, 3, 8, 9, 10, 11, 13, 14, 17
+_Rec = common_pb2.CallRecord
+CALL_ID = _Rec.CALL_ID_FIELD_NUMBER
+ATTEMPT = _Rec.ATTEMPT_FIELD_NUMBER
+PROMPT = _Rec.PROMPT_TOKEN_IDS_FIELD_NUMBER
+COMPLETION = _Rec.COMPLETION_TOKEN_IDS_FIELD_NUMBER
+LOGPROBS = _Rec.COMPLETION_LOGPROBS_FIELD_NUMBER
+VERSIONS = _Rec.COMPLETION_POLICY_VERSIONS_FIELD_NUMBER
+FINISH = _Rec.FINISH_REASON_FIELD_NUMBER
+RECEIVE_TIME = _Rec.RECEIVE_TIME_FIELD_NUMBER
+SPLICE = _Rec.SPLICE_FIELD_NUMBER
+ROLLOUT_ATTEMPT = _Rec.ROLLOUT_ATTEMPT_FIELD_NUMBER
+ERROR = _Rec.ERROR_FIELD_NUMBER
+_SECONDS = timestamp_pb2.Timestamp.SECONDS_FIELD_NUMBER
+_NANOS = timestamp_pb2.Timestamp.NANOS_FIELD_NUMBER
+_BREAK_CAUSE = common_pb2.SpliceReport.BREAK_CAUSE_FIELD_NUMBER
+_BREAK_DETAIL = common_pb2.SpliceReport.BREAK_DETAIL_FIELD_NUMBER
 
 
 @dataclass
@@ -63,6 +80,8 @@ class CallView:
         receive_ns: Receive time, Unix nanoseconds.
         break_cause: Splice report's BreakCause number.
         break_detail: Splice report's detail.
+        rollout_attempt: The orchestrator's attempt of the rollout (1 when not recorded).
+        error: Why the call failed; empty when it was answered.
     """
 
     call_id: str = ""
@@ -76,6 +95,8 @@ class CallView:
     break_cause: int = 0
     break_detail: str = ""
     completion_len: int = 0
+    rollout_attempt: int = 1
+    error: str = ""
     data: bytes = field(default=b"", repr=False)
 
     @property
@@ -107,16 +128,20 @@ class CallView:
                 v.attempt = a
             elif num == FINISH and wt == VARINT:
                 v.finish_reason = a
+            elif num == ROLLOUT_ATTEMPT and wt == VARINT:
+                v.rollout_attempt = max(1, a)
+            elif num == ERROR and wt == LEN:
+                v.error = data[a:b].decode()
             elif num == RECEIVE_TIME and wt == LEN:
                 for n2, w2, x, _ in fields(data[a:b]):
                     if w2 == VARINT:
-                        v.receive_ns += x * 1_000_000_000 if n2 == 1 else x if n2 == 2 else 0
+                        v.receive_ns += x * 1_000_000_000 if n2 == _SECONDS else x if n2 == _NANOS else 0
             elif num == SPLICE and wt == LEN:
                 sub = data[a:b]
                 for n2, w2, x, y in fields(sub):
-                    if n2 == 3 and w2 == VARINT:
+                    if n2 == _BREAK_CAUSE and w2 == VARINT:
                         v.break_cause = x
-                    elif n2 == 4 and w2 == LEN:
+                    elif n2 == _BREAK_DETAIL and w2 == LEN:
                         v.break_detail = sub[x:y].decode()
         v.prompt, v.completion = b"".join(prompt), b"".join(completion)
         v.logprobs, v.versions = b"".join(logprobs), b"".join(versions)

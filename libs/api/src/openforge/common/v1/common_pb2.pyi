@@ -397,6 +397,8 @@ class CallRecord(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     STREAM_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
+    ROLLOUT_ATTEMPT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     rollout_id: _builtins.str
     """Rollout this call belongs to."""
     call_id: _builtins.str
@@ -429,6 +431,20 @@ class CallRecord(_message.Message):
     """The model name the harness sent."""
     stream: _builtins.bool
     """Whether the harness asked for a streamed answer."""
+    rollout_attempt: _builtins.int
+    """The orchestrator's attempt of the rollout whose session served this call
+    (1-based; CreateSessionRequest.rollout_attempt). A rollout re-run after an
+    infrastructure failure keeps its id; the store assembles only the calls of
+    its last attempt (RolloutFinished.attempts). 0 in records written before
+    this field existed: read as 1.
+    """
+    error: _builtins.str
+    """Why the call failed, empty when it was answered: the engine was
+    unreachable or refused the prompt, or failed while generating. A failed
+    call's record has no sampled tokens and finish_reason ERROR; it closes the
+    rollout's accounting (the call was counted when admitted) and never enters
+    a sample.
+    """
     @_builtins.property
     def request(self) -> _struct_pb2.Struct:
         """The harness's request body, with secrets and device identifiers replaced.
@@ -523,10 +539,12 @@ class CallRecord(_message.Message):
         model: _builtins.str = ...,
         stream: _builtins.bool = ...,
         delta: Global___RecordDelta | None = ...,
+        rollout_attempt: _builtins.int = ...,
+        error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["canonical_messages", b"canonical_messages", "delta", b"delta", "receive_time", b"receive_time", "request", b"request", "sampling", b"sampling", "splice", b"splice", "time_to_first_byte", b"time_to_first_byte", "total_time", b"total_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call_id", b"call_id", "canonical_json", b"canonical_json", "canonical_messages", b"canonical_messages", "completion_logprobs", b"completion_logprobs", "completion_policy_versions", b"completion_policy_versions", "completion_token_ids", b"completion_token_ids", "delta", b"delta", "finish_reason", b"finish_reason", "http_status", b"http_status", "model", b"model", "prompt_token_ids", b"prompt_token_ids", "receive_time", b"receive_time", "request", b"request", "request_headers", b"request_headers", "request_json", b"request_json", "response_body", b"response_body", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "splice", b"splice", "stream", b"stream", "time_to_first_byte", b"time_to_first_byte", "total_time", b"total_time", "wire_api", b"wire_api"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call_id", b"call_id", "canonical_json", b"canonical_json", "canonical_messages", b"canonical_messages", "completion_logprobs", b"completion_logprobs", "completion_policy_versions", b"completion_policy_versions", "completion_token_ids", b"completion_token_ids", "delta", b"delta", "error", b"error", "finish_reason", b"finish_reason", "http_status", b"http_status", "model", b"model", "prompt_token_ids", b"prompt_token_ids", "receive_time", b"receive_time", "request", b"request", "request_headers", b"request_headers", "request_json", b"request_json", "response_body", b"response_body", "rollout_attempt", b"rollout_attempt", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "splice", b"splice", "stream", b"stream", "time_to_first_byte", b"time_to_first_byte", "total_time", b"total_time", "wire_api", b"wire_api"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -104,10 +104,11 @@ class RolloutFinished(_message.Message):
     harness_exit_code: _builtins.int
     """Harness exit status; -1 when it was killed."""
     calls: _builtins.int
-    """Model calls the proxy served for this rollout (attempts of one call count
-    once), read from the session when it closed. The store waits until it has
-    recorded that many calls before assembling samples, since call events and
-    this event travel on different streams.
+    """Model calls the proxy admitted for this rollout's last attempt (attempts
+    of one call count once; a call that failed counts, and has a record with
+    its error), read from the session when it closed. The store waits until it
+    has recorded that many calls of that attempt before assembling samples,
+    since call events and this event travel on different streams.
     """
     bypass_reason: _builtins.str
     """Why the rollout was flagged as bypassing the proxy, empty when it was not:
@@ -115,7 +116,9 @@ class RolloutFinished(_message.Message):
     destinations. A flagged rollout carries no reward.
     """
     attempts: _builtins.int
-    """Attempts made: 1, or more when infrastructure failures were retried."""
+    """Attempts made: 1, or more when infrastructure failures were retried. Only
+    the calls of the last attempt (CallRecord.rollout_attempt) are assembled.
+    """
     harness_timed_out: _builtins.bool
     """Whether the harness was killed at its time limit."""
     @_builtins.property

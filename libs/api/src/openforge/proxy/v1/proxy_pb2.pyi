@@ -101,6 +101,7 @@ class Session(_message.Message):
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     CALLS_FIELD_NUMBER: _builtins.int
     TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
+    ROLLOUT_ATTEMPT_FIELD_NUMBER: _builtins.int
     rollout_id: _builtins.str
     """The rollout this session serves; one open session per rollout."""
     run_id: _builtins.str
@@ -113,6 +114,8 @@ class Session(_message.Message):
     """Model calls served so far (attempts of one call count once)."""
     total_tokens: _builtins.int
     """Prompt + completion tokens served so far."""
+    rollout_attempt: _builtins.int
+    """The orchestrator's attempt of the rollout this session serves (1-based)."""
     @_builtins.property
     def limits(self) -> Global___SessionLimits:
         """Limits enforced."""
@@ -142,10 +145,11 @@ class Session(_message.Message):
         expire_time: _timestamp_pb2.Timestamp | None = ...,
         calls: _builtins.int = ...,
         total_tokens: _builtins.int = ...,
+        rollout_attempt: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "expire_time", b"expire_time", "limits", b"limits", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "create_time", b"create_time", "expire_time", b"expire_time", "limits", b"limits", "model_name", b"model_name", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "state", b"state", "total_tokens", b"total_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "create_time", b"create_time", "expire_time", b"expire_time", "limits", b"limits", "model_name", b"model_name", "rollout_attempt", b"rollout_attempt", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "state", b"state", "total_tokens", b"total_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -164,6 +168,7 @@ class CreateSessionRequest(_message.Message):
     LIMITS_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     TTL_FIELD_NUMBER: _builtins.int
+    ROLLOUT_ATTEMPT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Idempotency key for retries."""
     rollout_id: _builtins.str
@@ -172,6 +177,11 @@ class CreateSessionRequest(_message.Message):
     """The run the rollout belongs to."""
     model_name: _builtins.str
     """The model name the harness will send (any string the harness accepts)."""
+    rollout_attempt: _builtins.int
+    """The orchestrator's attempt of the rollout (1-based; 0 = 1), written on
+    every call record of the session (CallRecord.rollout_attempt) so that a
+    re-run rollout's attempts never mix.
+    """
     @_builtins.property
     def limits(self) -> Global___SessionLimits:
         """Limits to enforce."""
@@ -194,10 +204,11 @@ class CreateSessionRequest(_message.Message):
         limits: Global___SessionLimits | None = ...,
         sampling: _common_pb2.SamplingParams | None = ...,
         ttl: _duration_pb2.Duration | None = ...,
+        rollout_attempt: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "sampling", b"sampling", "ttl", b"ttl"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "model_name", b"model_name", "request_id", b"request_id", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "ttl", b"ttl"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "model_name", b"model_name", "request_id", b"request_id", "rollout_attempt", b"rollout_attempt", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "ttl", b"ttl"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
