@@ -227,6 +227,9 @@ class FakeWorld:
             self._model = None
         return version
 
+    async def serving_version(self) -> int:
+        return self.version
+
     async def release(self) -> None:
         """Lifts ``limit`` (the highest group sequence the store streams)."""
         self.limit = None

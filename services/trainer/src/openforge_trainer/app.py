@@ -59,6 +59,7 @@ class TrainerApp:
             weights=self.inference,
             checkpoints=self.checkpoints,
             sinks=sinks,
+            stall_check_s=settings.stall_check_s,
         )
         self.runs = RunManager(deps, self.checkpoints, _read_config)
 

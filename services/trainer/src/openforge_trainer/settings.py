@@ -25,6 +25,10 @@ class TrainerSettings(ServiceSettings):
             (``OPENFORGE_PUBLISH_EVENTS``).
         weight_sync_timeout_s: Deadline of ``UpdateWeights``, seconds.
         submit_timeout_s: Deadline of ``SubmitRollouts``, seconds.
+        stall_check_s: Seconds a run waits for a completed group before it checks that
+            inference serves its policy version and the orchestrator still holds its pending
+            groups, re-pushing the checkpoint or requesting lost groups again
+            (``OPENFORGE_STALL_CHECK_S``; 0 = never).
     """
 
     service_name: ClassVar[str] = "trainer"
@@ -36,3 +40,4 @@ class TrainerSettings(ServiceSettings):
     publish_events: bool = True
     weight_sync_timeout_s: float = Field(default=300.0, gt=0)
     submit_timeout_s: float = Field(default=30.0, gt=0)
+    stall_check_s: float = Field(default=30.0, ge=0)

@@ -9,21 +9,20 @@ orchestrator/store whose groups go through ``group_from_proto`` as the store's m
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
+from loop_fakes import MemoryCheckpoints, RecordingBackend
 
 from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2
 from openforge_trainer.adapters.clients import group_from_proto
 from openforge_trainer.domain.config import RunConfig
 from openforge_trainer.domain.loop import LoopDeps, TrainingLoop
-from openforge_trainer.domain.ports import Checkpoint, RolloutRequest
+from openforge_trainer.domain.ports import RolloutRequest
 from openforge_trainer.domain.samples import CompletedGroup, TrainBatch
-from openforge_trainer.domain.state import TrainerState
 
 FAILED = common_pb2.ROLLOUT_STATUS_FAILED
 CANCELLED = common_pb2.ROLLOUT_STATUS_CANCELLED
@@ -126,48 +125,13 @@ class ScriptedWorld:
         self.version = version
         return version
 
+    async def serving_version(self) -> int:
+        return self.version
+
     @property
     def refilled_groups(self) -> int:
         """Groups requested by refills (beyond the steps' own requests)."""
         return sum(len(r.task_ids) for r in self.requests if "/refill/" in r.request_id)
-
-
-class RecordingBackend:
-    """Keeps every batch it is asked to train on; trains nothing."""
-
-    def __init__(self) -> None:
-        self.batches: list[TrainBatch] = []
-
-    def load(self, model_dir: Path, checkpoint_dir: Path | None) -> None:
-        return None
-
-    def train_rl(self, batch: TrainBatch) -> dict[str, float]:
-        self.batches.append(batch)
-        return {}
-
-    def train_sft(self, batch: TrainBatch) -> dict[str, float]:
-        self.batches.append(batch)
-        return {}
-
-    def save_checkpoint(self, directory: Path) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
-class MemoryCheckpoints:
-    """A checkpoint store that keeps only the states."""
-
-    def __init__(self) -> None:
-        self.states: list[TrainerState] = []
-
-    def latest(self, run_id: str) -> Checkpoint | None:
-        return None
-
-    def write(self, run_id: str, state: TrainerState, save: Callable[[Path], None]) -> Checkpoint:
-        self.states.append(state)
-        return Checkpoint(Path(f"/checkpoints/{state.step}"), "sha256:0", state)
 
 
 async def run_loop(world: ScriptedWorld, **over: Any) -> tuple[list[TrainBatch], list[dict[str, float]]]:

@@ -20,6 +20,7 @@ from openforge.common.v1 import common_pb2
 from openforge.inference.v1 import inference_pb2, inference_pb2_grpc
 from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
+from openforge_core.errors import Unavailable
 from openforge_core.rpc.client import open_channel
 from openforge_trainer.domain.ports import RolloutRequest
 from openforge_trainer.domain.samples import CompletedGroup, ExcludedRollout, ExclusionReason, TrainSample
@@ -193,7 +194,7 @@ class StoreClient:
 
 
 class InferenceClient:
-    """``UpdateWeights`` on inference.
+    """``UpdateWeights`` and ``GetModelInfo`` on inference.
 
     Args:
         target: ``host:port``.
@@ -204,9 +205,13 @@ class InferenceClient:
 
     def __init__(self, target: str, timeout_s: float = 300.0) -> None:
         self._channel = open_channel(
-            target, service=self.SERVICE, idempotent_methods=["UpdateWeights"], default_timeout_s=timeout_s
+            target,
+            service=self.SERVICE,
+            idempotent_methods=["UpdateWeights", "GetModelInfo"],
+            default_timeout_s=timeout_s,
         )
         self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
+        self._info_timeout_s = min(timeout_s, 10.0)
 
     async def update_weights(self, request_id: str, uri: str, version: int, checksum: str) -> int:
         """Loads the checkpoint as ``version``; returns the version serving."""
@@ -214,6 +219,18 @@ class InferenceClient:
             inference_pb2.UpdateWeightsRequest(request_id=request_id, uri=uri, version=version, checksum=checksum)
         )
         return int(resp.version)
+
+    async def serving_version(self) -> int:
+        """The policy version inference serves now.
+
+        Raises:
+            Unavailable: Inference cannot be reached.
+        """
+        try:
+            info = await self._stub.GetModelInfo(inference_pb2.GetModelInfoRequest(), timeout=self._info_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise Unavailable(f"inference GetModelInfo failed: {exc.code().name}") from exc
+        return int(info.policy_version)
 
     async def close(self) -> None:
         """Closes the channel."""

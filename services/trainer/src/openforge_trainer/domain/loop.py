@@ -19,6 +19,13 @@ Resume: every step ends with a checkpoint holding the store cursor of the last g
 and the ids of groups requested but not consumed. A restarted loop loads the newest checkpoint,
 pushes its weights to inference again (idempotent per version), and reads groups after the
 cursor, so no step is repeated or skipped and no consumed group is trained on twice.
+
+Stalls: while the loop waits for groups, every ``LoopDeps.stall_check_s`` without one it checks
+the services it depends on (:meth:`TrainingLoop._recover`): inference serving an older policy
+version than the trainer's (it restarted) gets the latest checkpoint again, and every request
+with groups still pending is sent again under its key — the orchestrator answers a request it
+holds with the same groups, and one it lost (it restarted) with new groups, which replace them
+(``groups/resubmitted``). So no pending group outlives a restart of the orchestrator or inference.
 """
 
 from __future__ import annotations
@@ -31,11 +38,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from openforge_core.errors import FailedPrecondition
+from openforge_core.errors import FailedPrecondition, OpenForgeError
 from openforge_trainer.domain.config import RunConfig
 from openforge_trainer.domain.ports import (
     Checkpoint,
@@ -92,6 +99,7 @@ class _Collected:
         candidates: Groups consumed with at least one usable sample holding a sampled token.
         zero_variance: Of the candidates, groups whose rollouts all have the same reward (RL).
         zero_variance_dropped: Zero-variance groups consumed and not trained on.
+        resubmitted: Groups requested again because the orchestrator had lost them.
     """
 
     cursor: str
@@ -104,6 +112,7 @@ class _Collected:
     candidates: int = 0
     zero_variance: int = 0
     zero_variance_dropped: int = 0
+    resubmitted: int = 0
 
     def take(self, group: CompletedGroup, usable: list[TrainSample], ages: list[int]) -> None:
         """Trains on ``group``: its usable samples and their staleness."""
@@ -112,11 +121,12 @@ class _Collected:
         self.staleness.extend(ages)
 
     def metrics(self, rl: bool) -> dict[str, float]:
-        """``rollouts/trained``, ``rollouts/excluded(/<reason>)`` and, in RL,
+        """``rollouts/trained``, ``rollouts/excluded(/<reason>)``, ``groups/resubmitted`` and, in RL,
         ``groups/zero_variance_fraction`` and ``groups/zero_variance_dropped``."""
         out = {
             "rollouts/trained": float(len({s.rollout_id for s in self.kept})),
             "rollouts/excluded": float(len(self.excluded)),
+            "groups/resubmitted": float(self.resubmitted),
         }
         for reason in EXCLUSION_REASONS:
             out[f"rollouts/excluded/{reason}"] = float(sum(1 for x in self.excluded if x.reason == reason))
@@ -137,6 +147,9 @@ class LoopDeps:
         weights: The inference service.
         checkpoints: Checkpoint storage.
         sinks: Where step metrics go.
+        stall_check_s: Seconds without a completed group after which the loop checks that
+            inference serves its policy version and the orchestrator holds its pending groups
+            (0 = never).
     """
 
     backend_factory: BackendFactory
@@ -145,6 +158,7 @@ class LoopDeps:
     weights: WeightSync
     checkpoints: CheckpointStore
     sinks: list[MetricsSink] = field(default_factory=list)
+    stall_check_s: float = 30.0
 
 
 def eval_run_id(run_id: str) -> str:
@@ -170,22 +184,52 @@ class _Feed:
     def __init__(self, stream: AsyncIterator[CompletedGroup], stop: asyncio.Event) -> None:
         self._stream = stream
         self._stop = stop
+        self._next: asyncio.Future[CompletedGroup] | None = None
 
     async def next(self) -> CompletedGroup:
-        nxt = asyncio.ensure_future(anext(self._stream))
+        """The next completed group.
+
+        Raises:
+            StopRequested: The run was asked to stop.
+        """
+        group = await self.next_within(None)
+        assert group is not None  # without a timeout the wait ends with a group or a stop
+        return group
+
+    async def next_within(self, timeout_s: float | None) -> CompletedGroup | None:
+        """The next completed group; None when ``timeout_s`` passed first (the wait goes on at
+        the next call: the stream is not interrupted).
+
+        Raises:
+            StopRequested: The run was asked to stop.
+        """
+        if self._next is None:
+            self._next = asyncio.ensure_future(anext(self._stream))
+        nxt = self._next
         stopper = asyncio.ensure_future(self._stop.wait())
+        waiters: set[asyncio.Future[Any]] = {nxt, stopper}
         try:
-            done, _ = await asyncio.wait({nxt, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopper.cancel()
         if nxt in done:
+            self._next = None
             return nxt.result()
+        if not done:
+            return None
+        await self._cancel_next()
+        raise StopRequested
+
+    async def _cancel_next(self) -> None:
+        nxt, self._next = self._next, None
+        if nxt is None:
+            return
         nxt.cancel()
         with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
             await nxt  # let the generator leave its await before it is closed
-        raise StopRequested
 
     async def close(self) -> None:
+        await self._cancel_next()
         aclose = getattr(self._stream, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -277,6 +321,7 @@ class TrainingLoop:
             submitted_steps=st.submitted_steps,
             refills=st.refills,
             pending_groups=sorted(got.pending),
+            requests={key: ids for key, ids in st.requests.items() if got.pending.intersection(ids)},
             samples_dropped_total=st.samples_dropped_total + len(dropped),
             tokens_total=st.tokens_total + batch.num_tokens,
             eval_cursor=st.eval_cursor,
@@ -368,16 +413,61 @@ class TrainingLoop:
         horizon = min(cfg.steps, st.step + 1 + cfg.max_staleness)
         while st.submitted_steps < horizon:
             nxt = st.submitted_steps + 1
-            ids = await self.deps.submitter.submit(self._request(f"step/{nxt}", cfg.groups_per_step))
+            key = f"step/{nxt}"
+            ids = await self.deps.submitter.submit(self._request(key, cfg.groups_per_step))
             st.pending_groups = sorted(set(st.pending_groups) | set(ids))
+            st.requests[key] = ids
             st.submitted_steps = nxt
 
     async def _refill(self, missing: int) -> None:
         st = self.state
         st.refills += 1
-        ids = await self.deps.submitter.submit(self._request(f"refill/{st.refills}", missing))
+        key = f"refill/{st.refills}"
+        ids = await self.deps.submitter.submit(self._request(key, missing))
         st.pending_groups = sorted(set(st.pending_groups) | set(ids))
+        st.requests[key] = ids
         log.info("run.groups_refilled", run_id=self.run_id, groups=missing, refill=st.refills)
+
+    async def _recover(self, pending: set[str]) -> int:
+        """Checks, after a stall, that inference and the orchestrator still hold what the run
+        waits for (see the module docstring); updates ``pending`` in place.
+
+        Returns:
+            Groups requested again because the orchestrator had lost them.
+        """
+        st = self.state
+        try:
+            serving = await self.deps.weights.serving_version()
+        except OpenForgeError as exc:
+            log.warning("run.stall_check_failed", run_id=self.run_id, service="inference", error=exc.message)
+        else:
+            if serving < st.policy_version:
+                latest = await asyncio.to_thread(self.deps.checkpoints.latest, self.run_id)
+                if latest is not None:
+                    log.warning(
+                        "run.weights_pushed_again", run_id=self.run_id, serving=serving, version=st.policy_version
+                    )
+                    await self._sync_weights(latest)
+        replaced = 0
+        for key, ids in list(st.requests.items()):
+            if not pending.intersection(ids):
+                del st.requests[key]  # every group of it was consumed
+                continue
+            try:
+                again = await self.deps.submitter.submit(self._request(key, len(ids)))
+            except OpenForgeError as exc:
+                log.warning("run.stall_check_failed", run_id=self.run_id, service="orchestrator", error=exc.message)
+                return replaced
+            if set(again) == set(ids):
+                continue
+            lost = sorted(pending.intersection(ids))
+            pending.difference_update(ids)
+            pending.update(again)
+            st.requests[key] = again
+            replaced += len(again)
+            log.warning("run.groups_resubmitted", run_id=self.run_id, request=key, lost=lost, groups=again)
+        st.pending_groups = sorted(pending)
+        return replaced
 
     async def _collect(self, feed: _Feed) -> _Collected:
         """Completed groups until ``groups_per_step`` have trainable samples.
@@ -402,7 +492,11 @@ class TrainingLoop:
                 st.pending_groups = sorted(pending)
                 await self._refill(missing - len(pending))
                 pending |= set(st.pending_groups)
-            group = await feed.next()
+            group = await feed.next_within(self.deps.stall_check_s or None)
+            if group is None:  # no group for a while: are the groups waited for still coming?
+                if not self._sft_offline:
+                    got.resubmitted += await self._recover(pending)
+                continue
             got.cursor = group.cursor
             pending.discard(group.group_id)
             self._check_not_all_empty(group)

@@ -70,6 +70,13 @@ class WeightSync(Protocol):
         """Loads the checkpoint as ``version`` (idempotent per version and checksum); returns the
         version serving after the call."""
 
+    async def serving_version(self) -> int:
+        """The policy version inference serves now (0 after a restart on the initial model).
+
+        Raises:
+            Unavailable: Inference cannot be reached.
+        """
+
 
 @dataclass(frozen=True)
 class Checkpoint:

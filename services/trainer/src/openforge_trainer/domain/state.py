@@ -23,6 +23,10 @@ class TrainerState:
             (requests are idempotent per step, so a resume may repeat them safely).
         refills: Extra group requests made so far (to replace dropped groups).
         pending_groups: Group ids requested and not yet consumed.
+        requests: Request key (``step/3``, ``refill/1``) → the group ids the orchestrator
+            returned for it, for the requests with groups still pending: a request is sent again
+            under its key when the run stalls, and the orchestrator answers with other ids only
+            when it no longer holds it (it restarted), so its groups are replaced.
         samples_dropped_total: Samples dropped as stale over the run.
         tokens_total: Tokens trained on over the run.
         eval_cursor: Store cursor in the evaluation run.
@@ -34,6 +38,7 @@ class TrainerState:
     submitted_steps: int = 0
     refills: int = 0
     pending_groups: list[str] = field(default_factory=list)
+    requests: dict[str, list[str]] = field(default_factory=dict)
     samples_dropped_total: int = 0
     tokens_total: int = 0
     eval_cursor: str = ""

@@ -1,0 +1,200 @@
+"""A run that stalls because a service restarted goes on: lost groups are requested again, and
+inference back on an older policy version gets the latest checkpoint again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from loop_fakes import MemoryCheckpoints, RecordingBackend
+
+from openforge_core.errors import Unavailable
+from openforge_trainer.domain.config import RunConfig
+from openforge_trainer.domain.loop import LoopDeps, TrainingLoop
+from openforge_trainer.domain.ports import RolloutRequest
+from openforge_trainer.domain.samples import CompletedGroup, TrainSample
+
+
+class RestartingWorld:
+    """A fake orchestrator + store + inference whose orchestrator and inference can "restart".
+
+    A group completes once inference serves its request's ``min_policy_version`` (as the
+    orchestrator's rollouts wait for it) and the world is not ``frozen``; a restarted
+    orchestrator forgets its requests and the groups it was running (they never complete); a
+    restarted inference serves version 0.
+    """
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.frozen = False
+        self.requests: dict[str, list[str]] = {}
+        self.running: dict[str, tuple[str, int]] = {}  # group id -> (task, min policy version)
+        self.completed: list[CompletedGroup] = []
+        self.submitted: list[str] = []
+        self.updates: list[int] = []
+        self.changed = asyncio.Condition()
+        self.inference_down = False
+        self._seq = 0
+
+    async def submit(self, request: RolloutRequest) -> list[str]:
+        self.submitted.append(request.request_id)
+        if request.request_id in self.requests:
+            return self.requests[request.request_id]
+        ids = []
+        for task in request.task_ids:
+            self._seq += 1
+            gid = f"g{self._seq}"
+            self.running[gid] = (task, request.min_policy_version)
+            ids.append(gid)
+        self.requests[request.request_id] = ids
+        await self._advance()
+        return ids
+
+    async def _advance(self) -> None:
+        if self.frozen:
+            return
+        for gid, (task, version) in list(self.running.items()):
+            if self.version >= version:
+                del self.running[gid]
+                self.completed.append(_group(gid, task, len(self.completed) + 1, self.version))
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def unfreeze(self) -> None:
+        self.frozen = False
+        await self._advance()
+
+    def restart_orchestrator(self) -> None:
+        self.requests.clear()
+        self.running.clear()
+
+    async def watch(self, run_id: str, cursor: str) -> AsyncIterator[CompletedGroup]:
+        after = int(cursor[1:]) if cursor else 0
+        while True:
+            fresh = [g for g in self.completed if int(g.cursor[1:]) > after]
+            for g in fresh:
+                after = int(g.cursor[1:])
+                yield g
+            if not fresh:
+                async with self.changed:
+                    await self.changed.wait()
+
+    async def serving_version(self) -> int:
+        if self.inference_down:
+            raise Unavailable("inference GetModelInfo failed: UNAVAILABLE")
+        return self.version
+
+    async def update_weights(self, request_id: str, uri: str, version: int, checksum: str) -> int:
+        self.updates.append(version)
+        self.version = version
+        await self._advance()
+        return version
+
+
+def _group(gid: str, task: str, seq: int, version: int) -> CompletedGroup:
+    samples = tuple(
+        TrainSample(
+            sample_id=f"{gid}-r{i}/0",
+            rollout_id=f"{gid}-r{i}",
+            group_id=gid,
+            task_id=task,
+            prompt_ids=(1, 2),
+            response_ids=(10 + i, 11),
+            loss_mask=(1, 1),
+            behaviour_logprobs=(-1.0, -0.5),
+            policy_versions=(version, version),
+            reward=float(i),
+        )
+        for i in range(2)
+    )
+    return CompletedGroup(
+        group_id=gid,
+        task_id=task,
+        rewards={s.rollout_id: s.reward for s in samples},
+        samples=samples,
+        cursor=f"c{seq:04d}",
+    )
+
+
+def _loop(world: RestartingWorld, checkpoints: MemoryCheckpoints, metrics: list[dict[str, float]], **over: Any) -> Any:
+    cfg = RunConfig.model_validate(
+        {"model": "m", "tasks": ["a", "b"], "group_size": 2, "groups_per_step": 2, "max_staleness": 0, **over}
+    )
+    deps = LoopDeps(
+        backend_factory=lambda _cfg: RecordingBackend(),
+        submitter=world,
+        groups=world,
+        weights=world,
+        checkpoints=checkpoints,
+        stall_check_s=0.05,
+    )
+    return TrainingLoop("run", cfg, deps, on_metrics=lambda step, m, t: metrics.append(m))
+
+
+async def test_groups_an_orchestrator_lost_in_a_restart_are_requested_again() -> None:
+    world = RestartingWorld()
+    world.frozen = True  # step 1's groups are running when the orchestrator goes down
+    metrics: list[dict[str, float]] = []
+    loop = _loop(world, MemoryCheckpoints(), metrics, steps=2)
+    run = asyncio.ensure_future(loop.run(asyncio.Event()))
+    for _ in range(200):
+        if world.running:
+            break
+        await asyncio.sleep(0.01)
+    lost = sorted(world.running)
+    world.restart_orchestrator()
+    await world.unfreeze()
+    assert await asyncio.wait_for(run, timeout=10)
+    # the request was sent again under its key; the restarted orchestrator made new groups
+    assert world.submitted.count("run/step/1") >= 2
+    trained = [g.group_id for g in world.completed]
+    assert lost == ["g1", "g2"] and not set(lost) & set(trained)
+    assert [m["groups/resubmitted"] for m in metrics] == [2.0, 0.0]
+    assert loop.state.step == 2 and loop.state.pending_groups == [] and loop.state.requests == {}
+
+
+async def test_a_request_the_orchestrator_still_holds_is_not_replaced() -> None:
+    """A stall with a live orchestrator (slow rollouts): the same request returns the same groups."""
+    world = RestartingWorld()
+    world.frozen = True
+    metrics: list[dict[str, float]] = []
+    loop = _loop(world, MemoryCheckpoints(), metrics, steps=1)
+    run = asyncio.ensure_future(loop.run(asyncio.Event()))
+    for _ in range(200):
+        if world.submitted.count("run/step/1") >= 3:  # two stall checks
+            break
+        await asyncio.sleep(0.01)
+    await world.unfreeze()
+    assert await asyncio.wait_for(run, timeout=10)
+    assert world.submitted.count("run/step/1") >= 3
+    assert [g.group_id for g in world.completed] == ["g1", "g2"]
+    assert metrics[0]["groups/resubmitted"] == 0.0
+
+
+async def test_inference_restarted_on_an_older_version_gets_the_latest_checkpoint_again() -> None:
+    world = RestartingWorld()
+    checkpoints = MemoryCheckpoints()
+    metrics: list[dict[str, float]] = []
+    loop = _loop(world, checkpoints, metrics, steps=3)
+    restarted: list[int] = []
+    tasks: list[asyncio.Future[None]] = []
+
+    def on_progress(step: int, version: int, uri: str) -> None:
+        if step == 1 and not restarted:  # inference restarts on the initial model after step 1
+            restarted.append(step)
+            world.version = 0
+            world.inference_down = True  # and is not reachable at the first check
+
+            async def back() -> None:
+                await asyncio.sleep(0.08)
+                world.inference_down = False
+
+            tasks.append(asyncio.ensure_future(back()))
+
+    loop._on_progress = on_progress
+    assert await asyncio.wait_for(loop.run(asyncio.Event()), timeout=10)
+    # 1 after step 1; 1 again once inference is back on version 0 (step 2's rollouts wait for
+    # version 1); then 2 and 3
+    assert world.updates == [1, 1, 2, 3]
+    assert loop.state.step == 3 and world.version == 3
