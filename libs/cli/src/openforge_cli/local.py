@@ -6,6 +6,11 @@ JetStream (unless an external NATS URL is given) and the five services, each
 settings in ``OPENFORGE_*`` variables; it waits until every one reports SERVING
 on the standard health check and records the processes in
 ``<state_dir>/up.json`` so ``down`` and ``status`` find them.
+
+With ``supervise=True`` a :class:`Supervisor` thread watches the processes while this
+process lives: one that exits is started again with backoff, one that keeps exiting is given
+up (:attr:`Supervisor.failure` says which and where its log is). ``down`` ends the
+supervision before it stops anything.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -87,6 +94,143 @@ class UpState:
 #: cluster deployment (deploy/k8s/base/nats/nats.conf), so a long conversation's call record
 #: that cannot be sent as a delta (the first after a proxy restart) still fits.
 NATS_CONF = "max_payload: 8MB\n"
+
+
+@dataclass
+class _Child:
+    """A supervised process: how to start it again, and when it was restarted."""
+
+    info: ProcessInfo
+    argv: list[str]
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes]
+    restarts: list[float] = field(default_factory=list)
+    due: float | None = None
+
+
+class Supervisor:
+    """Starts again each process of an ``up`` that exits (a service, or NATS), with backoff.
+
+    A process that exited is started again after ``backoff_s * 2**k`` seconds (``k``: its
+    restarts within the last ``window_s``), at most ``backoff_max_s``; after ``max_restarts``
+    restarts within ``window_s`` it is given up: :attr:`failure` names it and its log, and
+    ``on_failure`` is called with that message (from the supervisor's thread). Every restart
+    updates ``up.json`` (so ``down`` and ``status`` find the new process) and is logged to
+    ``logs/supervisor.log`` and kept in :attr:`restarts`.
+
+    Args:
+        state_dir: The ``up``'s folder.
+        state: What ``up`` started.
+        children: Each process's argv, environment and ``Popen`` (by name).
+        on_failure: Called once when a process is given up.
+        backoff_s: Wait before the first restart, seconds.
+        backoff_max_s: Longest wait, seconds.
+        max_restarts: Restarts of one process within ``window_s`` before it is given up.
+        window_s: The window of ``max_restarts``, seconds.
+        poll_s: How often processes are checked, seconds.
+        clock: Monotonic seconds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        state: UpState,
+        children: dict[str, tuple[list[str], dict[str, str], subprocess.Popen[bytes]]],
+        *,
+        on_failure: Callable[[str], None] | None = None,
+        backoff_s: float = 1.0,
+        backoff_max_s: float = 30.0,
+        max_restarts: int = 5,
+        window_s: float = 300.0,
+        poll_s: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.state_dir = state_dir
+        self.state = state
+        infos = {p.name: p for p in state.processes}
+        self._children = {name: _Child(infos[name], argv, env, proc) for name, (argv, env, proc) in children.items()}
+        self._on_failure = on_failure
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self.max_restarts = max_restarts
+        self.window_s = window_s
+        self.poll_s = poll_s
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        #: Why supervision gave up (empty while every process runs or is being restarted).
+        self.failure = ""
+        #: (name, exit status, new pid) of every restart, in order.
+        self.restarts: list[tuple[str, int, int]] = []
+
+    def start(self) -> None:
+        """Starts watching in a daemon thread."""
+        self._thread = threading.Thread(target=self._run, name="openforge-supervisor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops watching (nothing is restarted after it returns)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        with self._lock:  # a restart in progress has finished
+            pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                self.check()
+
+    def check(self) -> None:
+        """One pass: schedules the restart of each process that exited and starts those due."""
+        now = self._clock()
+        for name, child in self._children.items():
+            code = child.proc.poll()
+            if code is None or self.failure:
+                continue
+            if child.due is None:
+                child.restarts = [t for t in child.restarts if now - t < self.window_s]
+                if len(child.restarts) >= self.max_restarts:
+                    self._give_up(name, child, code)
+                    continue
+                delay = min(self.backoff_max_s, self.backoff_s * 2.0 ** len(child.restarts))
+                child.due = now + delay
+                self._log(f"{name} (pid {child.info.pid}) exited with {code}; restarting in {delay:g}s")
+            if now >= child.due:
+                child.due = None
+                child.restarts.append(now)
+                child.proc = _spawn(child.argv, child.env, Path(child.info.log))
+                child.info.pid = child.proc.pid
+                self.state.save(self.state_dir)
+                self.restarts.append((name, code, child.proc.pid))
+                self._log(f"{name} restarted (pid {child.proc.pid})")
+
+    def _give_up(self, name: str, child: _Child, code: int) -> None:
+        self.failure = (
+            f"{name} exited with {code} after {len(child.restarts)} restarts within {self.window_s:g}s; "
+            f"given up (log: {child.info.log})"
+        )
+        self._log(self.failure)
+        if self._on_failure is not None:
+            self._on_failure(self.failure)
+
+    def _log(self, line: str) -> None:
+        path = self.state_dir / "logs" / "supervisor.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+
+
+#: The supervisors running in this process, by state folder (``down`` stops them first).
+_SUPERVISORS: dict[Path, Supervisor] = {}
+
+
+def supervisor_of(state_dir: Path) -> Supervisor | None:
+    """The supervisor this process runs for ``state_dir``, if any."""
+    return _SUPERVISORS.get(state_dir.resolve())
 
 
 def _nats_binary() -> str:
@@ -167,6 +311,8 @@ def up(
     nats_url: str | None = None,
     timeout_s: float = 60.0,
     extra_env: dict[str, str] | None = None,
+    supervise: bool = False,
+    on_failure: Callable[[str], None] | None = None,
 ) -> UpState:
     """Starts NATS (unless ``nats_url``) and the five services; returns when all are SERVING.
 
@@ -179,6 +325,9 @@ def up(
         nats_url: Use this NATS instead of starting one.
         timeout_s: How long to wait for SERVING, seconds.
         extra_env: More ``OPENFORGE_*`` settings for every service.
+        supervise: Restart what exits while this process lives (:class:`Supervisor`; see
+            :func:`supervisor_of`).
+        on_failure: With ``supervise``, called when a process is given up.
 
     Returns:
         The state, also saved to ``state_dir/up.json``.
@@ -198,29 +347,28 @@ def up(
         harness_base_url=f"http://{host}:{http_port}",
     )
     procs: dict[str, subprocess.Popen[bytes]] = {}
+    launches: dict[str, tuple[list[str], dict[str, str]]] = {}
     try:
         if nats_url is None:
             log = logs / "nats.log"
             state_dir.mkdir(parents=True, exist_ok=True)
             conf = state_dir / "nats.conf"
             conf.write_text(NATS_CONF)
-            p = _spawn(
-                [
-                    _nats_binary(),
-                    "-c",
-                    str(conf),
-                    "-a",
-                    host,
-                    "-p",
-                    str(nats_port),
-                    "-js",
-                    "-sd",
-                    str(state_dir / "jetstream"),
-                ],
-                dict(os.environ),
-                log,
-            )
+            argv = [
+                _nats_binary(),
+                "-c",
+                str(conf),
+                "-a",
+                host,
+                "-p",
+                str(nats_port),
+                "-js",
+                "-sd",
+                str(state_dir / "jetstream"),
+            ]
+            p = _spawn(argv, dict(os.environ), log)
             procs["nats"] = p
+            launches["nats"] = (argv, dict(os.environ))
             state.processes.append(ProcessInfo("nats", p.pid, state.nats_url, str(log)))
             state.save(state_dir)
             _wait_tcp(host, nats_port, 20, p)
@@ -239,9 +387,19 @@ def up(
                 svc_env["OPENFORGE_HARNESS__PROXY_HTTP"] = f"{host}:{http_port}"
             p = _spawn([sys.executable, "-m", module], svc_env, log)
             procs[name] = p
+            launches[name] = ([sys.executable, "-m", module], svc_env)
             state.processes.append(ProcessInfo(name, p.pid, addresses[name], str(log)))
         state.save(state_dir)
         asyncio.run(_wait_all(addresses, {n: procs[n] for n in addresses}, timeout_s))
+        if supervise:
+            supervisor = Supervisor(
+                state_dir,
+                state,
+                {name: (argv, env, procs[name]) for name, (argv, env) in launches.items()},
+                on_failure=on_failure,
+            )
+            _SUPERVISORS[state_dir.resolve()] = supervisor
+            supervisor.start()
     except BaseException as exc:
         down(state_dir)
         if isinstance(exc, Exception):
@@ -256,6 +414,9 @@ def down(state_dir: Path, grace_s: float = 15.0) -> list[str]:
     Returns:
         Names of the processes that were still running and got stopped.
     """
+    supervisor = _SUPERVISORS.pop(state_dir.resolve(), None)
+    if supervisor is not None:
+        supervisor.stop()
     state = UpState.load(state_dir)
     if state is None:
         return []

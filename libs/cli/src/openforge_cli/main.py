@@ -51,7 +51,18 @@ def up(
     timeout_s: float,
     detach: bool,
 ) -> None:
-    """Start NATS and the five services as local processes; Ctrl-C stops them all."""
+    """Start NATS and the five services as local processes; Ctrl-C stops them all.
+
+    In the foreground a process that exits is started again with backoff; one that keeps
+    exiting stops everything with a message (logs/supervisor.log records every restart).
+    """
+    stop = threading.Event()
+    given_up: list[str] = []
+
+    def on_failure(why: str) -> None:
+        given_up.append(why)
+        stop.set()
+
     try:
         state = local.up(
             state_dir,
@@ -61,6 +72,8 @@ def up(
             http_port=http_port,
             nats_url=nats_url,
             timeout_s=timeout_s,
+            supervise=not detach,
+            on_failure=on_failure,
         )
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -72,13 +85,14 @@ def up(
         click.echo("Stop with: openforge down")
         return
     click.echo("Press Ctrl-C to stop.")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    click.echo("stopping...")
+    click.echo(f"stopping: {given_up[0]}" if given_up else "stopping...", err=bool(given_up))
     stopped = local.down(state_dir)
     click.echo(f"stopped {', '.join(stopped) or 'nothing'}")
+    if given_up:
+        raise SystemExit(1)
 
 
 @main.command()

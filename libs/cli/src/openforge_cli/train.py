@@ -49,7 +49,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -66,7 +66,7 @@ from openforge.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from openforge_cli import local
 from openforge_cli.eval import EvalReport, RolloutSpec, evaluate, report_table, split_tasks, stack_port_options
 from openforge_cli.progress import RunProgress
-from openforge_core.rpc.client import open_channel
+from openforge_core.rpc.client import open_channel, wait_serving
 
 TRAINER_SERVICE = "openforge.trainer.v1.TrainerService"
 PHASES_FILE = "phases.json"
@@ -396,6 +396,11 @@ class LocalStack:
         self.attached = True
         self.engine = "attached"
 
+    def failure(self) -> str:
+        """Why the supervisor of the started services gave one up ("" while all run)."""
+        supervisor = local.supervisor_of(self.state_dir)
+        return supervisor.failure if supervisor is not None else ""
+
     def env(self, cfg: TrainConfig, engine: str, model: Path) -> dict[str, str]:
         """The ``OPENFORGE_*`` settings of every service for a phase."""
         s = self.state_dir
@@ -449,6 +454,7 @@ class LocalStack:
                     http_port=self.http_port,
                     timeout_s=cfg.stack.serving_timeout_s,
                     extra_env=self.env(cfg, name, model),
+                    supervise=True,
                 )
             except RuntimeError as exc:
                 if i + 1 < len(engines):
@@ -498,14 +504,23 @@ async def drive_run(
     title: str,
     stop: StopSignal,
     console: Console | None = None,
+    failure: Callable[[], str] | None = None,
+    trainer_back_s: float = 300.0,
 ) -> RunOutcome:
     """Starts (or resumes) a run on the trainer and shows its progress until it ends.
 
     When ``stop`` is set the run is asked to stop (``StopRun``) and this waits for its loop to
-    end; the run stays resumable.
+    end; the run stays resumable. When the trainer goes away mid-run (its process died and a
+    supervisor starts it again), this waits up to ``trainer_back_s`` for it to serve again and
+    resumes the run from its last checkpoint (``StartRun`` on the same run).
+
+    Args:
+        failure: Polled every second: a non-empty answer (a service given up by the
+            supervisor) ends the run with that message.
 
     Raises:
-        click.ClickException: The trainer refused the config (the message lists the fields).
+        click.ClickException: The trainer refused the config (the message lists the fields),
+            ``failure`` answered, or the trainer did not come back.
     """
     steps = int(config.get("steps", 1))
     trainer_ch = open_channel(
@@ -515,16 +530,20 @@ async def drive_run(
     try:
         trainer = trainer_pb2_grpc.TrainerServiceStub(trainer_ch)
         orch = orchestrator_pb2_grpc.OrchestratorServiceStub(orch_ch)
-        try:
-            started = await trainer.StartRun(
-                trainer_pb2.StartRunRequest(
-                    request_id=f"{run_id}/{uuid.uuid4().hex[:8]}",
-                    run_id=run_id,
-                    config=json_format.ParseDict(config, struct_pb2.Struct()),
+
+        async def start() -> trainer_pb2.StartRunResponse:
+            try:
+                return await trainer.StartRun(
+                    trainer_pb2.StartRunRequest(
+                        request_id=f"{run_id}/{uuid.uuid4().hex[:8]}",
+                        run_id=run_id,
+                        config=json_format.ParseDict(config, struct_pb2.Struct()),
+                    )
                 )
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise click.ClickException(f"the trainer refused run {run_id}: {exc.details()}") from exc
+            except grpc.aio.AioRpcError as exc:
+                raise click.ClickException(f"the trainer refused run {run_id}: {exc.details()}") from exc
+
+        started = await start()
         with RunProgress(title, steps=steps, console=console) as progress:
             if started.run.step:
                 progress.resumed(int(started.run.step))
@@ -536,18 +555,48 @@ async def drive_run(
                         progress.rollout(ev.rollout)
 
             async def metrics() -> None:
-                from_step = int(started.run.step) + 1
-                call = trainer.WatchMetrics(
-                    trainer_pb2.WatchMetricsRequest(run_id=run_id, from_step=from_step), timeout=None
-                )
-                async for ev in call:
-                    progress.step(int(ev.step), dict(ev.metrics))
+                seen = int(started.run.step)
+                while True:
+                    call = trainer.WatchMetrics(
+                        trainer_pb2.WatchMetricsRequest(run_id=run_id, from_step=seen + 1), timeout=None
+                    )
+                    try:
+                        async for ev in call:
+                            seen = max(seen, int(ev.step))
+                            progress.step(int(ev.step), dict(ev.metrics))
+                        return
+                    except grpc.aio.AioRpcError as exc:
+                        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                            raise
+                    # the trainer went away: once it serves again, the run resumes from its checkpoint
+                    progress.console.print(f"{title}: the trainer is unreachable; waiting for it to come back ...")
+                    try:
+                        await wait_serving(addresses["trainer"], timeout_s=trainer_back_s)
+                    except TimeoutError:
+                        raise click.ClickException(
+                            f"{title}: the trainer did not come back within {trainer_back_s:g}s; "
+                            "run the same command again to resume from the last checkpoint"
+                        ) from None
+                    resumed = await start()
+                    progress.console.print(f"{title}: {run_id} resumed after step {resumed.run.step}")
+
+            async def given_up() -> str:
+                while True:  # polled: the supervisor runs in a thread of its own
+                    why = failure() if failure is not None else ""
+                    if why:
+                        return why
+                    await asyncio.sleep(1.0)
 
             watch_r = asyncio.create_task(rollouts())
             watch_m = asyncio.create_task(metrics())
             stopper = asyncio.create_task(stop.wait())
+            watch_f = asyncio.create_task(given_up())
             try:
-                await asyncio.wait({watch_m, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({watch_m, stopper, watch_f}, return_when=asyncio.FIRST_COMPLETED)
+                if watch_f.done() and not watch_m.done():
+                    raise click.ClickException(
+                        f"{title}: {watch_f.result()}; run the same command again to resume from the last checkpoint"
+                    )
                 if stop.is_set() and not watch_m.done():
                     progress.console.print(f"{title}: stopping {run_id} (it stays resumable) ...")
                     await trainer.StopRun(trainer_pb2.StopRunRequest(run_id=run_id))
@@ -555,9 +604,9 @@ async def drive_run(
                 else:
                     await watch_m
             finally:
-                for t in (watch_r, stopper):
+                for t in (watch_r, stopper, watch_f, watch_m):
                     t.cancel()
-                await asyncio.gather(watch_r, stopper, return_exceptions=True)
+                await asyncio.gather(watch_r, stopper, watch_f, watch_m, return_exceptions=True)
             last = progress.last_metrics
         run = (await trainer.GetRun(trainer_pb2.GetRunRequest(run_id=run_id))).run
         return RunOutcome(
@@ -665,20 +714,25 @@ class StopSignal:
         await self._event.wait()
 
 
+#: The signals that stop a run cleanly (resumable): Ctrl-C, ``kill``, the terminal closing.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _run_async(coro_fn: Any, stop: StopSignal | None = None) -> Any:
-    """Runs a coroutine with SIGINT/SIGTERM setting ``stop`` instead of raising."""
+    """Runs a coroutine with SIGINT/SIGTERM/SIGHUP (a closed terminal) setting ``stop`` instead
+    of raising: the run stops at a step boundary, resumable, and the services are stopped."""
 
     async def main() -> Any:
         loop = asyncio.get_running_loop()
         if stop is not None:
             stop.bind()
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 loop.add_signal_handler(sig, stop.set)
         try:
             return await coro_fn()
         finally:
             if stop is not None:
-                for sig in (signal.SIGINT, signal.SIGTERM):
+                for sig in STOP_SIGNALS:
                     loop.remove_signal_handler(sig)
 
     return asyncio.run(main())
@@ -764,7 +818,13 @@ def run_train(cfg: TrainConfig, stack: LocalStack, console: Console) -> dict[str
         with stack.running(cfg, engine=cfg.warm_start.engine, model=model, console=console):
             outcome = _run_async(
                 lambda: drive_run(
-                    stack.addresses, sft_id, sft_cfg, title="warm start (SFT)", stop=stop, console=console
+                    stack.addresses,
+                    sft_id,
+                    sft_cfg,
+                    title="warm start (SFT)",
+                    stop=stop,
+                    console=console,
+                    failure=stack.failure,
                 ),
                 stop,
             )
@@ -817,7 +877,13 @@ def run_train(cfg: TrainConfig, stack: LocalStack, console: Console) -> dict[str
                 outcome: RunOutcome | None = None
                 if not rl_done:
                     outcome = await drive_run(
-                        stack.addresses, cfg.run_id, cfg.rl_run_config(policy), title="RL", stop=stop, console=console
+                        stack.addresses,
+                        cfg.run_id,
+                        cfg.rl_run_config(policy),
+                        title="RL",
+                        stop=stop,
+                        console=console,
+                        failure=stack.failure,
                     )
                     if outcome.state != "RUN_STATE_COMPLETED" or stop.is_set():
                         return outcome

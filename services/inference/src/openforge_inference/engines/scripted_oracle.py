@@ -120,13 +120,16 @@ class ErrorDraws:
         self.rate = rate
         self._seed = seed
         self._counts: dict[str, int] = {}
+        self._offsets: dict[str, float] = {}
         self._rng = random.Random(f"scripted-oracle:{seed}")
 
     def draw(self, key: str) -> bool:
         """Whether the next use of ``key`` is an error."""
         n = self._counts.get(key, 0)
         self._counts[key] = n + 1
-        u = random.Random(f"scripted-oracle:{self._seed}:{key}").random()
+        u = self._offsets.get(key)
+        if u is None:
+            u = self._offsets[key] = random.Random(f"scripted-oracle:{self._seed}:{key}").random()
         return math.floor((n + 1) * self.rate + u) > math.floor(n * self.rate + u)
 
     def choice(self, options: list[tuple[str, ...]]) -> tuple[str, ...]:
