@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -111,3 +112,63 @@ def test_up_fails_cleanly_when_a_service_cannot_start(tmp_path: Path) -> None:
     assert res.returncode != 0
     assert "inference" in res.stderr
     assert local.UpState.load(tmp_path / "st") is None  # everything started was stopped again
+
+
+def test_up_in_the_foreground_restarts_a_killed_service_and_stops_on_sighup(tmp_path: Path) -> None:
+    """`openforge up` supervises: a service killed with SIGKILL is SERVING again under a new pid
+    (recorded for `down`/`status`); closing the terminal (SIGHUP) stops everything."""
+    exe = Path(sys.executable).parent / "openforge"
+    base = free_port_block(5)
+    proc = subprocess.Popen(
+        [
+            str(exe),
+            "up",
+            "--state-dir",
+            "st",
+            "--base-port",
+            str(base),
+            "--nats-port",
+            str(free_port()),
+            "--http-port",
+            str(free_port()),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:  # until up says everything is SERVING and supervised
+            seen.append(line)
+            if "Press Ctrl-C to stop." in line:
+                break
+        assert "Press Ctrl-C to stop.\n" in seen, "".join(seen)
+        state = local.UpState.load(tmp_path / "st")
+        assert state is not None and len(state.processes) == 6
+        killed = next(p for p in state.processes if p.name == "orchestrator")
+        os.killpg(killed.pid, signal.SIGKILL)
+        new = None
+        while time.monotonic() < deadline:
+            again = local.UpState.load(tmp_path / "st")
+            assert again is not None
+            new = next(p for p in again.processes if p.name == "orchestrator")
+            if new.pid != killed.pid and asyncio.run(local.health(new.address)) == "SERVING":
+                break
+            time.sleep(0.5)
+        assert new is not None and new.pid != killed.pid and _alive(new.pid)
+        log = (tmp_path / "st" / "logs" / "supervisor.log").read_text()
+        assert f"orchestrator (pid {killed.pid}) exited with -9" in log and f"restarted (pid {new.pid})" in log
+        proc.send_signal(signal.SIGHUP)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        assert not _alive(new.pid)
+        final = local.UpState.load(tmp_path / "st")
+        assert final is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        local.down(tmp_path / "st")
