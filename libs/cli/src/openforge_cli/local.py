@@ -408,8 +408,46 @@ def up(
     return state
 
 
+#: Prefix of the trajectory store's durable JetStream consumers (its ``consumer_name``).
+STORE_CONSUMER = "trajectory-store"
+
+
+async def _store_backlog(nats_url: str) -> int:
+    """Events the store's consumers have not acknowledged yet (pending or in flight)."""
+    import nats
+
+    nc = await nats.connect(nats_url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=0)
+    try:
+        js = nc.jetstream()
+        total = 0
+        for stream in await js.streams_info():
+            for consumer in await js.consumers_info(stream.config.name or ""):
+                if (consumer.name or "").startswith(STORE_CONSUMER):
+                    total += (consumer.num_pending or 0) + (consumer.num_ack_pending or 0)
+        return total
+    finally:
+        await nc.close()
+
+
+def wait_store_drained(nats_url: str, timeout_s: float) -> bool:
+    """Waits until the store has acknowledged every event in JetStream (True), or ``timeout_s``
+    passed or NATS cannot be asked (False)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if asyncio.run(_store_backlog(nats_url)) == 0:
+                return True
+        except Exception:  # NATS gone or not answering: nothing more to wait for
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
 def down(state_dir: Path, grace_s: float = 15.0) -> list[str]:
-    """Stops everything ``up`` started from ``state_dir``: services first, NATS last.
+    """Stops everything ``up`` started from ``state_dir``, in order: the services that produce
+    events (all at once, each with ``grace_s`` to finish), then the trajectory store once it
+    has ingested every event they published (at most ``grace_s`` more), then NATS.
 
     Returns:
         Names of the processes that were still running and got stopped.
@@ -421,12 +459,17 @@ def down(state_dir: Path, grace_s: float = 15.0) -> list[str]:
     if state is None:
         return []
     stopped = [p.name for p in state.processes if _alive(p.pid)]
-    services = [p for p in state.processes if p.name != "nats"]
-    for p in services:  # all get SIGTERM at once, so their grace periods overlap
+    producers = [p for p in state.processes if p.name not in ("nats", "trajectory-store")]
+    for p in producers:  # all get SIGTERM at once, so their grace periods overlap
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGTERM)
-    for p in services:
+    for p in producers:
         stop_group(p.pid, grace_s)
+    for p in state.processes:
+        if p.name == "trajectory-store":
+            if _alive(p.pid):
+                wait_store_drained(state.nats_url, grace_s)
+            stop_group(p.pid, grace_s)
     for p in state.processes:
         if p.name == "nats":
             stop_group(p.pid, grace_s)

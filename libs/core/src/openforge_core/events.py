@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -127,6 +128,17 @@ class MessageTooLarge(ValueError):
         self.limit = limit
 
 
+#: What a publish raises while the server is unreachable or JetStream not ready (retried).
+_UNAVAILABLE = (
+    nats.errors.TimeoutError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.NoRespondersError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.StaleConnectionError,
+    nats.js.errors.ServiceUnavailableError,
+    TimeoutError,
+)
+
 #: Longest redelivery delay after a transient handler error, seconds.
 MAX_NAK_DELAY_S = 60.0
 
@@ -226,13 +238,30 @@ class EventBus:
         Returns:
             True when stored, False when JetStream dropped it as a duplicate.
 
+        While JetStream does not acknowledge (NATS restarting), the event is sent again with
+        backoff for up to ``NatsSettings.publish_retry_s``.
+
         Raises:
             ValueError: ``subject`` is not an openforge event subject, or ``event_id`` is empty.
-            nats.errors.TimeoutError: No acknowledgement in time (safe to retry: de-duplicated).
+            nats.errors.TimeoutError: No acknowledgement within the retry time (safe to retry:
+                de-duplicated), or another of the errors of an unreachable server.
             MessageTooLarge: The event and its headers exceed the server's ``max_payload``.
         """
         if not event_id:
             raise ValueError("event_id must not be empty")
+        deadline = time.monotonic() + self._settings.publish_retry_s
+        delay = 0.5
+        while True:
+            try:
+                return await self._publish_once(subject, message, event_id)
+            except _UNAVAILABLE:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("event.publish_retry", subject=subject, event_id=event_id, retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def _publish_once(self, subject: str, message: Message, event_id: str) -> bool:
         await self.ensure_stream(_domain_of(subject))
         with _producer_span(subject):
             headers = {TYPE_HEADER: message.DESCRIPTOR.full_name, MSG_ID_HEADER: event_id}

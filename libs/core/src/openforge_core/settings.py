@@ -45,11 +45,16 @@ class NatsSettings(_Section):
         url: Server URL, e.g. ``nats://127.0.0.1:4222``.
         connect_timeout_s: Seconds to wait for each connection attempt.
         stream_replicas: JetStream replicas of the streams this service creates.
+        publish_retry_s: How long an event (``EventBus.publish``) is sent again while JetStream
+            does not acknowledge it (NATS restarting), seconds, with backoff; safe, as events are
+            de-duplicated by id. 0 = one try. Call records (``publish_bytes``) are tried once:
+            the harness retries the call.
     """
 
     url: str = "nats://127.0.0.1:4222"
     connect_timeout_s: float = Field(default=5.0, gt=0)
     stream_replicas: int = Field(default=1, ge=1, le=5)
+    publish_retry_s: float = Field(default=120.0, ge=0)
 
 
 class LogSettings(_Section):

@@ -368,10 +368,12 @@ class TrainingLoop:
         )
 
     async def _emit(self, step: int, metrics: dict[str, float]) -> None:
+        """Writes a step's metrics to the sinks (the store's event among them), then tells the
+        watchers: a step a client saw is recorded."""
         now = time.time()
-        self._on_metrics(step, metrics, now)
         for sink in self.deps.sinks:
             await sink.write(self.run_id, step, metrics, now)
+        self._on_metrics(step, metrics, now)
 
     async def _sync_weights(self, ckpt: Checkpoint) -> None:
         version = ckpt.state.policy_version
