@@ -6,6 +6,8 @@ import asyncio
 import uuid
 from typing import Any
 
+import nats
+import nats.js.errors
 import pytest
 from google.protobuf.message import Message
 from opentelemetry import trace
@@ -13,7 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from openforge.trainer.v1 import events_pb2
 from openforge_core import events
-from openforge_core.events import Delivery, EventBus, subject_for
+from openforge_core.events import Delivery, EventBus, stream_name, subject_for
 from openforge_core.settings import NatsSettings
 from openforge_testing.servers import NatsServer
 
@@ -310,3 +312,39 @@ def test_redelivery_delays_double_up_to_a_minute() -> None:
     delays = [loop.nak_delay(n) for n in range(1, 21)]
     assert delays[:4] == [1.0, 2.0, 4.0, 8.0] and delays[-1] == MAX_NAK_DELAY_S
     assert 800 < sum(delays[:-1]) < 1000  # the 19 waits before the last delivery: about 15 minutes
+
+
+async def test_a_full_stream_refuses_new_events_and_keeps_the_old(nats_server_fn: NatsServer) -> None:
+    """Discard ``new``: at its size limit a stream refuses a publish (the publisher retries or
+    the harness does) instead of dropping an event nobody consumed."""
+    bus = EventBus(NatsSettings(url=nats_server_fn.url, stream_max_bytes=4096, publish_retry_s=0))
+    await bus.connect()
+    try:
+        stored = 0
+        with pytest.raises(nats.js.errors.APIError):
+            for v in range(1, 200):
+                await bus.publish(SUBJECT, _event(v), event_id=f"w/{v}")
+                stored += 1
+        info = await bus.js.stream_info(stream_name("trainer"))
+        assert info.config.max_bytes == 4096 and info.state.messages == stored > 0
+        assert info.state.first_seq == 1  # the oldest is still there
+    finally:
+        await bus.close()
+
+
+async def test_limits_of_an_existing_stream_follow_the_settings(nats_server_fn: NatsServer) -> None:
+    first = EventBus(NatsSettings(url=nats_server_fn.url, stream_max_bytes=0))
+    await first.connect()
+    try:
+        await first.publish(SUBJECT, _event(1), event_id="w/1")
+    finally:
+        await first.close()
+    second = EventBus(NatsSettings(url=nats_server_fn.url, stream_max_bytes=1 << 20, stream_max_age_s=3600))
+    await second.connect()
+    try:
+        await second.publish(SUBJECT, _event(2), event_id="w/2")
+        info = await second.js.stream_info(stream_name("trainer"))
+        assert info.config.max_bytes == 1 << 20 and info.config.max_age == 3600
+        assert info.state.messages == 2
+    finally:
+        await second.close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ import nats
 import structlog
 from google.protobuf.message import DecodeError, Message
 from nats.aio.client import Client as NatsClient
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, DiscardPolicy, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 from opentelemetry import context as otel_context
@@ -213,18 +214,32 @@ class EventBus:
         name = stream_name(domain)
         if name in self._streams:
             return
+        st = self._settings
         config = StreamConfig(
             name=name,
             subjects=[f"openforge.{domain}.v1.>"],
             storage=StorageType.FILE,
-            num_replicas=self._settings.stream_replicas,
+            num_replicas=st.stream_replicas,
             duplicate_window=DUPLICATE_WINDOW.total_seconds(),
+            max_bytes=st.stream_max_bytes or -1,
+            max_age=st.stream_max_age_s or None,
+            discard=DiscardPolicy.NEW,
         )
         try:
-            await self.js.stream_info(name)
+            info = await self.js.stream_info(name)
         except NotFoundError:
             await self.js.add_stream(config)
             log.info("nats.stream_created", stream=name)
+        else:
+            have = info.config
+            if (have.max_bytes, have.max_age or 0.0, have.discard) != (
+                config.max_bytes,
+                config.max_age or 0.0,
+                config.discard,
+            ):
+                limits = {"max_bytes": config.max_bytes, "max_age": config.max_age, "discard": config.discard}
+                await self.js.update_stream(dataclasses.replace(have, **limits))
+                log.info("nats.stream_limits_updated", stream=name, max_bytes=config.max_bytes)
         self._streams.add(name)
 
     async def publish(self, subject: str, message: Message, *, event_id: str) -> bool:

@@ -49,12 +49,20 @@ class NatsSettings(_Section):
             does not acknowledge it (NATS restarting), seconds, with backoff; safe, as events are
             de-duplicated by id. 0 = one try. Call records (``publish_bytes``) are tried once:
             the harness retries the call.
+        stream_max_bytes: Size at which a stream this service creates refuses new events
+            (discard ``new``: nothing stored is ever dropped to make room; a refused event is
+            published again later, a refused call record is answered 503 and the harness
+            retries). 0 = no limit.
+        stream_max_age_s: Age after which events are removed whether consumed or not, seconds
+            (the one limit that can drop an event the store never read). 0 = no limit.
     """
 
     url: str = "nats://127.0.0.1:4222"
     connect_timeout_s: float = Field(default=5.0, gt=0)
     stream_replicas: int = Field(default=1, ge=1, le=5)
     publish_retry_s: float = Field(default=120.0, ge=0)
+    stream_max_bytes: int = Field(default=0, ge=0)
+    stream_max_age_s: float = Field(default=0.0, ge=0)
 
 
 class LogSettings(_Section):
