@@ -237,8 +237,11 @@ class EventBus:
                 config.max_age or 0.0,
                 config.discard,
             ):
-                limits = {"max_bytes": config.max_bytes, "max_age": config.max_age, "discard": config.discard}
-                await self.js.update_stream(dataclasses.replace(have, **limits))
+                await self.js.update_stream(
+                    dataclasses.replace(
+                        have, max_bytes=config.max_bytes, max_age=config.max_age, discard=config.discard
+                    )
+                )
                 log.info("nats.stream_limits_updated", stream=name, max_bytes=config.max_bytes)
         self._streams.add(name)
 
