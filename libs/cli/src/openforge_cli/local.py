@@ -42,6 +42,9 @@ SERVICES: tuple[tuple[str, str, str], ...] = (
     ("trainer", "openforge_trainer", "TRAINER"),
 )
 STATE_FILE = "up.json"
+#: Written by ``down`` before it stops anything: a supervisor in another process sees it and
+#: restarts nothing (and ``up`` removes it).
+STOPPING_FILE = "stopping"
 
 
 @dataclass
@@ -191,6 +194,8 @@ class Supervisor:
             code = child.proc.poll()
             if code is None or self.failure:
                 continue
+            if (self.state_dir / STOPPING_FILE).exists():  # `openforge down` from elsewhere
+                return
             if child.due is None:
                 child.restarts = [t for t in child.restarts if now - t < self.window_s]
                 if len(child.restarts) >= self.max_restarts:
@@ -340,6 +345,7 @@ def up(
     existing = UpState.load(state_dir)
     if existing is not None and any(_alive(p.pid) for p in existing.processes):
         raise RuntimeError(f"already up (see {state_dir / STATE_FILE}); run `openforge down` first")
+    (state_dir / STOPPING_FILE).unlink(missing_ok=True)
     logs = state_dir / "logs"
     state = UpState(
         nats_url=nats_url or f"nats://{host}:{nats_port}",
@@ -458,6 +464,7 @@ def down(state_dir: Path, grace_s: float = 15.0) -> list[str]:
     state = UpState.load(state_dir)
     if state is None:
         return []
+    (state_dir / STOPPING_FILE).touch()  # a supervisor in another process restarts nothing now
     stopped = [p.name for p in state.processes if _alive(p.pid)]
     producers = [p for p in state.processes if p.name not in ("nats", "trajectory-store")]
     for p in producers:  # all get SIGTERM at once, so their grace periods overlap

@@ -599,7 +599,11 @@ async def drive_run(
                     )
                 if stop.is_set() and not watch_m.done():
                     progress.console.print(f"{title}: stopping {run_id} (it stays resumable) ...")
-                    await trainer.StopRun(trainer_pb2.StopRunRequest(run_id=run_id))
+                    try:
+                        await trainer.StopRun(trainer_pb2.StopRunRequest(run_id=run_id))
+                    except grpc.aio.AioRpcError:  # the trainer is gone: its last checkpoint stands
+                        progress.console.print(f"{title}: the trainer is unreachable; stopped at its last checkpoint")
+                        raise SystemExit(130) from None
                     await asyncio.wait_for(watch_m, timeout=600)
                 else:
                     await watch_m
@@ -734,8 +738,17 @@ def _run_async(coro_fn: Any, stop: StopSignal | None = None) -> Any:
             if stop is not None:
                 for sig in STOP_SIGNALS:
                     loop.remove_signal_handler(sig)
+                interrupt_on_stop_signals()  # removing a loop's handler resets the default action
 
     return asyncio.run(main())
+
+
+def interrupt_on_stop_signals() -> None:
+    """Outside a phase's event loop, every stop signal raises ``KeyboardInterrupt`` as Ctrl-C
+    does, so the paths that stop the services run (the default action of SIGHUP and SIGTERM
+    would end the process and leave them running)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.default_int_handler)
 
 
 async def _unless_stopped(coro: Coroutine[Any, Any, None], stop: StopSignal) -> None:
@@ -959,4 +972,5 @@ def train_command(
         if not (trainer and orchestrator):
             raise click.UsageError("--trainer and --orchestrator go together")
         stack.attach(trainer, orchestrator)
+    interrupt_on_stop_signals()
     run_train(cfg, stack, console)

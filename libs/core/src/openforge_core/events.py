@@ -132,7 +132,6 @@ class MessageTooLarge(ValueError):
 #: What a publish raises while the server is unreachable or JetStream not ready (retried).
 _UNAVAILABLE = (
     nats.errors.TimeoutError,
-    nats.errors.ConnectionClosedError,
     nats.errors.NoRespondersError,
     nats.errors.OutboundBufferLimitError,
     nats.errors.StaleConnectionError,

@@ -50,11 +50,13 @@ class NatsSettings(_Section):
             de-duplicated by id. 0 = one try. Call records (``publish_bytes``) are tried once:
             the harness retries the call.
         stream_max_bytes: Size at which a stream this service creates refuses new events
-            (discard ``new``: nothing stored is ever dropped to make room; a refused event is
-            published again later, a refused call record is answered 503 and the harness
-            retries). 0 = no limit.
+            (discard ``new``: nothing stored is ever dropped to make room; a refused call record
+            is answered 503). Consumed events stay in the stream until ``stream_max_age_s``
+            removes them, so without an age limit this is a lifetime cap: once reached, every
+            publish fails until the limit is raised. 0 = no limit.
         stream_max_age_s: Age after which events are removed whether consumed or not, seconds
-            (the one limit that can drop an event the store never read). 0 = no limit.
+            (the one limit that can drop an event the store never read: set it well above the
+            longest time the store may be down). 0 = no limit.
     """
 
     url: str = "nats://127.0.0.1:4222"

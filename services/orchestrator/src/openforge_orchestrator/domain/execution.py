@@ -155,6 +155,7 @@ class RolloutExecutor:
         """Runs the rollout; returns it terminal. Cancelling ends it CANCELLED (then re-raises)."""
         rollout = self._registry.get(rollout_id)
         calls = 0
+        attempt = 0
         try:
             try:
                 task = self._tasks.get(rollout.task_set, rollout.task_id)
@@ -194,7 +195,9 @@ class RolloutExecutor:
         except asyncio.CancelledError:
             reason = self.pop_cancel(rollout_id)
             await asyncio.shield(
-                self._registry.finish(rollout_id, RolloutStatus.CANCELLED, failure_reason=reason, calls=calls)
+                self._registry.finish(
+                    rollout_id, RolloutStatus.CANCELLED, failure_reason=reason, calls=calls, attempts=attempt
+                )
             )
             raise
 

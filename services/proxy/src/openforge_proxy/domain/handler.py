@@ -453,6 +453,13 @@ class CallHandler:
             return
         try:
             await self._serve(prepared, prepared.body, headers, responder, request_id, received, receive_time)
+        except BaseException as exc:  # a bug, or the proxy stopping: the admitted call still leaves its record
+            if not (prepared.settled or prepared.failure_recorded):
+                log.error(EV_CALL_FAILED, call_id=prepared.call_id, attempt=prepared.attempt, error=repr(exc))
+                await self._record_failed(
+                    prepared, headers, f"the proxy failed serving the call: {exc!r}", 0, received, receive_time
+                )
+            raise
         finally:
             rid = prepared.session.rollout_id
             left = self._in_flight.get(rid, 1) - 1
@@ -845,6 +852,7 @@ class CallHandler:
             receive_time=receive_time,
             total_s=time.monotonic() - received,
         )
+        p.failure_recorded = True
         try:
             await asyncio.shield(self._recorder.record(record))
         except Exception as exc:
@@ -1005,6 +1013,7 @@ class _Prepared:
     canonical_json: bytes  # the record's canonical conversation
     body: bytes  # the request body as recorded (lone surrogates replaced)
     settled: bool = False  # the tokens used were counted and the reservation freed
+    failure_recorded: bool = False  # its failed record (error, no ids) was stored or tried
 
 
 class _Encoder(Protocol):

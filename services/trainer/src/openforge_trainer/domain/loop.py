@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from openforge_core.errors import FailedPrecondition, OpenForgeError
+from openforge_core.errors import FailedPrecondition
 from openforge_trainer.domain.config import RunConfig
 from openforge_trainer.domain.ports import (
     Checkpoint,
@@ -438,11 +438,9 @@ class TrainingLoop:
             Groups requested again because the orchestrator had lost them.
         """
         st = self.state
+        # a check must never end the run: a service still restarting is checked again next time
         try:
             serving = await self.deps.weights.serving_version()
-        except OpenForgeError as exc:
-            log.warning("run.stall_check_failed", run_id=self.run_id, service="inference", error=exc.message)
-        else:
             if serving < st.policy_version:
                 latest = await asyncio.to_thread(self.deps.checkpoints.latest, self.run_id)
                 if latest is not None:
@@ -450,24 +448,28 @@ class TrainingLoop:
                         "run.weights_pushed_again", run_id=self.run_id, serving=serving, version=st.policy_version
                     )
                     await self._sync_weights(latest)
+        except Exception as exc:
+            log.warning("run.stall_check_failed", run_id=self.run_id, service="inference", error=repr(exc))
         replaced = 0
         for key, ids in list(st.requests.items()):
-            if not pending.intersection(ids):
+            still = sorted(pending.intersection(ids))
+            if not still:
                 del st.requests[key]  # every group of it was consumed
                 continue
+            # as many groups as are still pending: an orchestrator holding the request answers
+            # with all of its groups whatever the count; one that lost it makes only these anew
             try:
-                again = await self.deps.submitter.submit(self._request(key, len(ids)))
-            except OpenForgeError as exc:
-                log.warning("run.stall_check_failed", run_id=self.run_id, service="orchestrator", error=exc.message)
-                return replaced
+                again = await self.deps.submitter.submit(self._request(key, len(still)))
+            except Exception as exc:
+                log.warning("run.stall_check_failed", run_id=self.run_id, service="orchestrator", error=repr(exc))
+                break
             if set(again) == set(ids):
                 continue
-            lost = sorted(pending.intersection(ids))
             pending.difference_update(ids)
             pending.update(again)
             st.requests[key] = again
             replaced += len(again)
-            log.warning("run.groups_resubmitted", run_id=self.run_id, request=key, lost=lost, groups=again)
+            log.warning("run.groups_resubmitted", run_id=self.run_id, request=key, lost=still, groups=again)
         st.pending_groups = sorted(pending)
         return replaced
 
