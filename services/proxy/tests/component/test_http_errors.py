@@ -362,3 +362,21 @@ async def test_engine_output_the_store_would_refuse_fails_the_call_unrecorded(
     assert (await proxy.post(CHAT, chat_body(stream=False), key=key, bearer=True)).status == 200  # then it serves
     assert len(proxy.recorder.answered) == 1
     assert [r.error != "" for r in proxy.recorder.records] == [True, True, True, False]
+
+
+async def test_a_call_whose_serving_raises_still_leaves_its_failed_record(model_dir: Path, start_proxy: Any) -> None:
+    """An exception nobody expected (a bug) after the call was admitted and counted: the harness
+    gets an error, and the failed record closes the rollout's count of calls."""
+    proxy = await start_proxy(ScriptedInferenceServer(model_dir, default=lambda p: "fine"))
+    key = proxy.session()
+
+    def broken(p: Any, out: Any) -> None:
+        raise RuntimeError("a bug")
+
+    proxy.handler._finish_ids = broken
+    reply = await proxy.post(CHAT, chat_body(stream=False), key=key, bearer=True)
+    assert reply.status >= 500
+    (rec,) = proxy.recorder.records
+    assert_failed(rec, 0)
+    assert "RuntimeError('a bug')" in rec.error
+    assert proxy.sessions.get("r1").calls == 1

@@ -35,10 +35,13 @@ class RestartingWorld:
         self.updates: list[int] = []
         self.changed = asyncio.Condition()
         self.inference_down = False
+        self.held: set[str] = set()  # groups that do not complete (still running)
+        self.task_counts: list[tuple[str, int]] = []  # (request id, tasks asked for)
         self._seq = 0
 
     async def submit(self, request: RolloutRequest) -> list[str]:
         self.submitted.append(request.request_id)
+        self.task_counts.append((request.request_id, len(request.task_ids)))
         if request.request_id in self.requests:
             return self.requests[request.request_id]
         ids = []
@@ -55,7 +58,7 @@ class RestartingWorld:
         if self.frozen:
             return
         for gid, (task, version) in list(self.running.items()):
-            if self.version >= version:
+            if self.version >= version and gid not in self.held:
                 del self.running[gid]
                 self.completed.append(_group(gid, task, len(self.completed) + 1, self.version))
         async with self.changed:
@@ -198,3 +201,21 @@ async def test_inference_restarted_on_an_older_version_gets_the_latest_checkpoin
     # version 1); then 2 and 3
     assert world.updates == [1, 1, 2, 3]
     assert loop.state.step == 3 and world.version == 3
+
+
+async def test_a_lost_request_partly_consumed_is_asked_again_for_its_pending_groups_only() -> None:
+    world = RestartingWorld()
+    world.held = {"g2"}  # step 1's first group completes, its second is still running
+    metrics: list[dict[str, float]] = []
+    loop = _loop(world, MemoryCheckpoints(), metrics, steps=1)
+    run = asyncio.ensure_future(loop.run(asyncio.Event()))
+    for _ in range(300):  # a stall check against the live orchestrator: same groups, nothing replaced
+        if world.submitted.count("run/step/1") >= 2:
+            break
+        await asyncio.sleep(0.01)
+    assert world.task_counts[:2] == [("run/step/1", 2), ("run/step/1", 1)]
+    world.restart_orchestrator()  # g2 is lost
+    world.held = set()
+    assert await asyncio.wait_for(run, timeout=10)
+    assert [g.group_id for g in world.completed] == ["g1", "g3"]  # one group made anew, not two
+    assert metrics[0]["groups/resubmitted"] == 1.0
