@@ -718,6 +718,13 @@ class StopSignal:
         await self._event.wait()
 
 
+def _own_command() -> str:
+    """How this CLI was invoked (``.venv/bin/openforge`` from ``make``), to print commands that work
+    as printed; ``openforge`` when that cannot be told."""
+    exe = Path(sys.argv[0])
+    return str(exe) if exe.name == "openforge" else "openforge"
+
+
 #: The signals that stop a run cleanly (resumable): Ctrl-C, ``kill``, the terminal closing.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -924,7 +931,12 @@ def run_train(cfg: TrainConfig, stack: LocalStack, console: Console) -> dict[str
         )
     console.print(f"done in {time.monotonic() - t_start:.0f}s; state in {stack.state_dir}")
     if (stack.state_dir / "trajectories.db").is_file():  # the services' store (not when attached to others)
-        console.print(f"to see the run: openforge dash --state-dir {stack.state_dir}", markup=False, highlight=False)
+        console.print(
+            f"to see the run: {_own_command()} dash --state-dir {stack.state_dir}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,  # one line, so it can be copied
+        )
     return phases.data
 
 
