@@ -22,7 +22,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,14 +29,12 @@ import pytest
 import yaml
 
 from openforge.common.v1 import common_pb2
-from openforge_testing.servers import free_port, free_port_block
+from openforge_testing.servers import assert_no_process_left, openforge_train, stack_port_args, started_pids
 from openforge_trajectory_store.adapters.sql import SqlRepository
 
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-ENV = {**os.environ, "COLUMNS": "160"}
 
 #: Two model calls through the proxy, as a harness makes them (python3 of the sandbox; no
 #: braces: the orchestrator formats the template).
@@ -85,11 +82,6 @@ def _config(tmp: Path) -> dict[str, object]:
     }
 
 
-def _pid_of(state: Path, name: str) -> int:
-    data = json.loads((state / "up.json").read_text())
-    return next(int(p["pid"]) for p in data["processes"] if p["name"] == name)
-
-
 def _wait_for(path: Path, text: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -101,27 +93,25 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen[bytes], timeout_s: f
     raise AssertionError(f"{text!r} not seen in {path}:\n{path.read_text(errors='replace')[-4000:]}")
 
 
+def _start(tmp_path: Path, name: str) -> tuple[Path, Path, list[str], subprocess.Popen[bytes]]:
+    """``openforge train`` on the fault config (state folder ``tmp_path/state``, output to
+    ``tmp_path/<name>``): the config, the state folder, the port options and the process."""
+    config = tmp_path / "faults.yaml"
+    config.write_text(yaml.safe_dump(_config(tmp_path)))
+    state = tmp_path / "state"
+    ports = stack_port_args()
+    return config, state, ports, openforge_train(config, state, ports, tmp_path / name, ROOT)
+
+
 @pytest.mark.parametrize("victim", ["trainer", "orchestrator", "inference", "proxy", "trajectory-store", "nats"])
 def test_a_service_killed_mid_run_is_restarted_and_the_run_finishes_clean(tmp_path: Path, victim: str) -> None:
     if not Path("/usr/bin/bwrap").exists():
         pytest.fail("bubblewrap is not installed (apt-get install -y bubblewrap): the sandboxes need it")
-    config = tmp_path / "faults.yaml"
-    config.write_text(yaml.safe_dump(_config(tmp_path)))
-    state = tmp_path / "state"
+    _, state, _, proc = _start(tmp_path, "train.out")
     out = tmp_path / "train.out"
-    ports = ["--base-port", str(free_port_block(5)), "--nats-port", str(free_port()), "--http-port", str(free_port())]
-    exe = Path(sys.executable).parent / "openforge"
-    with out.open("wb") as f:
-        proc = subprocess.Popen(
-            [str(exe), "train", str(config), "--state-dir", str(state), *ports],
-            cwd=ROOT,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=ENV,
-        )
     try:
         _wait_for(out, "RL: step 1 ", proc, 300)
-        os.killpg(_pid_of(state, victim), signal.SIGKILL)
+        os.killpg(started_pids(state)[victim], signal.SIGKILL)
         assert proc.wait(timeout=600) == 0, out.read_text(errors="replace")[-6000:]
     finally:
         if proc.poll() is None:
@@ -171,38 +161,23 @@ def test_a_service_killed_mid_run_is_restarted_and_the_run_finishes_clean(tmp_pa
 def test_a_closed_terminal_stops_the_run_resumable_and_leaves_no_process(tmp_path: Path) -> None:
     """SIGHUP (the terminal closing) stops ``openforge train`` as Ctrl-C does: exit 130, every
     service stopped; the same command again resumes and finishes, no step repeated or skipped."""
-    config = tmp_path / "faults.yaml"
-    config.write_text(yaml.safe_dump(_config(tmp_path)))
-    state = tmp_path / "state"
-    exe = Path(sys.executable).parent / "openforge"
-    ports = ["--base-port", str(free_port_block(5)), "--nats-port", str(free_port()), "--http-port", str(free_port())]
-    argv = [str(exe), "train", str(config), "--state-dir", str(state), *ports]
+    config, state, ports, proc = _start(tmp_path, "first.out")
     out = tmp_path / "first.out"
-    with out.open("wb") as f:
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=ENV)
     try:
         _wait_for(out, "RL: step 1 ", proc, 300)
-        pids = [int(p["pid"]) for p in json.loads((state / "up.json").read_text())["processes"]]
+        pids = list(started_pids(state).values())
         proc.send_signal(signal.SIGHUP)
         assert proc.wait(timeout=300) == 130, out.read_text(errors="replace")[-4000:]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert not (state / "up.json").exists()
-    assert not [p for p in pids if Path(f"/proc/{p}").exists() and "State:\tZ" not in _status(p)]
-    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
-    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-2000:]
+    assert_no_process_left(state, pids, timeout_s=0)
+    again = openforge_train(config, state, ports, tmp_path / "second.out", ROOT)
+    assert again.wait(timeout=600) == 0, (tmp_path / "second.out").read_text(errors="replace")[-4000:]
     repo = SqlRepository(f"sqlite:///{state / 'trajectories.db'}")
     repo.open()
     try:
         assert [m.step for m in repo.step_metrics("faults")] == [1, 2, 3, 4]
     finally:
         repo.close()
-
-
-def _status(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return "State:\tZ"

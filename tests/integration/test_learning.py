@@ -42,7 +42,7 @@ from openforge_core.rpc.client import open_channel
 from openforge_inference.engines.scripted_oracle import ErrorDraws, OraclePlans, oracle_completion
 from openforge_testing.plugin import ServiceFactory
 from openforge_testing.rollouts import require_sandboxed_harness
-from openforge_testing.servers import NatsServer, free_port, free_port_block
+from openforge_testing.servers import NatsServer, stack_port_args
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo" / "demo.yaml"
@@ -57,7 +57,7 @@ def _train(config: dict[str, Any], tmp: Path, name: str) -> dict[str, Any]:
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     state = tmp / name
-    ports = ["--base-port", str(free_port_block(5)), "--nats-port", str(free_port()), "--http-port", str(free_port())]
+    ports = stack_port_args()
     exe = Path(sys.executable).parent / "openforge"
     log = tmp / f"{name}.log"
     with log.open("wb") as out:

@@ -25,8 +25,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +37,13 @@ from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_core.rpc.client import open_channel
 from openforge_testing.plugin import ServiceFactory
 from openforge_testing.rollouts import require_sandboxed_harness
-from openforge_testing.servers import NatsServer, free_port, free_port_block
+from openforge_testing.servers import (
+    NatsServer,
+    assert_no_process_left,
+    openforge_train,
+    stack_port_args,
+    started_pids,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS_DIR = Path(os.environ.get("OPENFORGE_TEST_HARNESS_DIR", ROOT / ".openforge" / "harnesses"))
@@ -88,43 +92,6 @@ def _config(tmp: Path) -> dict[str, object]:
     }
 
 
-def _train(config: Path, state: Path, ports: list[str], out: Path) -> subprocess.Popen[bytes]:
-    """``openforge train`` as a user runs it, its output to ``out``."""
-    exe = Path(sys.executable).parent / "openforge"
-    with out.open("wb") as f:
-        return subprocess.Popen(
-            [str(exe), "train", str(config), "--state-dir", str(state), *ports],
-            cwd=ROOT,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "COLUMNS": "120"},
-        )
-
-
-def _started_pids(state: Path) -> list[int]:
-    """Pids of NATS and the services of the phase running now (from ``up.json``)."""
-    data = json.loads((state / "up.json").read_text())
-    return [int(p["pid"]) for p in data["processes"]]
-
-
-def _no_process_left(state: Path, pids: list[int]) -> None:
-    assert not (state / "up.json").exists()
-    deadline = time.monotonic() + 10  # the exited CLI's children are reaped by init
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in pids if _alive(p)]
-        time.sleep(0.1)
-    assert alive == [], f"processes of {state} still running: {alive}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/status").is_file() and "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-
-
 @dataclass
 class Recorded:
     """What the store holds for one run id."""
@@ -157,38 +124,38 @@ def test_train_runs_every_stage_stops_on_sigint_and_resumes(
     config = tmp_path / "train.yaml"
     config.write_text(yaml.safe_dump(_config(tmp_path)))
     state = tmp_path / "state"
-    ports = ["--base-port", str(free_port_block(5)), "--nats-port", str(free_port()), "--http-port", str(free_port())]
+    ports = stack_port_args()
 
     # 1. interrupted after the warm start's first checkpoint: stops cleanly, resumable
     log1, log2 = tmp_path / "train-1.log", tmp_path / "train-2.log"
-    first = _train(config, state, ports, log1)
+    first = openforge_train(config, state, ports, log1, ROOT)
     latest = state / "checkpoints" / "e2e-sft" / "latest"
     deadline = time.monotonic() + 1200
     while not latest.is_file() and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)
     assert latest.is_file(), log1.read_text()[-4000:]
-    pids = _started_pids(state)
+    pids = list(started_pids(state).values())
     assert len(pids) == 6  # NATS and the five services
     first.send_signal(signal.SIGINT)
     first.wait(timeout=300)
     out1 = log1.read_text()
     assert first.returncode == 130, out1[-4000:]
     assert "run the same command again" in out1
-    _no_process_left(state, pids)
+    assert_no_process_left(state, pids)
     steps_before = [json.loads(line)["step"] for line in (state / "checkpoints" / "e2e-sft" / "metrics.jsonl").open()]
     assert steps_before and max(steps_before) >= 1
 
     # 2. the same command again: resumes and finishes every phase
-    second = _train(config, state, ports, log2)
+    second = openforge_train(config, state, ports, log2, ROOT)
     seen: set[int] = set()
     while second.poll() is None:  # every phase's processes, to check none is left at the end
         with contextlib.suppress(OSError, ValueError, KeyError):
-            seen.update(_started_pids(state))
+            seen.update(started_pids(state).values())
         time.sleep(1)
     out2 = log2.read_text()
     assert second.returncode == 0, out2[-6000:]
     assert len(seen) >= 6
-    _no_process_left(state, sorted(seen))
+    assert_no_process_left(state, sorted(seen))
     assert f"warm start (SFT): resuming after step {max(steps_before)}" in out2 or max(steps_before) == 2
     assert "before RL" in out2 and "after RL" in out2
     phases = json.loads((state / "phases.json").read_text())

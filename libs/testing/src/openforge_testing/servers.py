@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -21,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -60,6 +61,56 @@ def free_port_block(n: int) -> int:
             for s in socks:
                 s.close()
     raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def stack_port_args() -> list[str]:
+    """``--base-port``, ``--nats-port`` and ``--http-port`` of ``openforge up``/``train``, each free now."""
+    return ["--base-port", str(free_port_block(5)), "--nats-port", str(free_port()), "--http-port", str(free_port())]
+
+
+def openforge_train(config: Path, state: Path, ports: list[str], out: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    """``openforge train CONFIG --state-dir STATE PORTS`` as a user runs it, in ``cwd``, its
+    output (120 columns wide) to ``out``."""
+    exe = Path(sys.executable).parent / "openforge"
+    with out.open("wb") as f:
+        return subprocess.Popen(
+            [str(exe), "train", str(config), "--state-dir", str(state), *ports],
+            cwd=cwd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "COLUMNS": "120"},
+        )
+
+
+def started_pids(state: Path) -> dict[str, int]:
+    """Pid of NATS and of each service ``openforge up``/``train`` runs now, by name (``up.json``)."""
+    data = json.loads((state / "up.json").read_text())
+    return {p["name"]: int(p["pid"]) for p in data["processes"]}
+
+
+def assert_no_process_left(state: Path, pids: Sequence[int], timeout_s: float = 10.0) -> None:
+    """Asserts that ``up.json`` is gone and none of ``pids`` runs within ``timeout_s`` (an exited
+    CLI's children are reaped by init meanwhile; a zombie counts as gone; 0 = checked once, now)."""
+    assert not (state / "up.json").exists()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [p for p in pids if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    assert alive == [], f"processes of {state} still running: {alive}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    try:
+        return "State:\tZ" not in status.read_text()
+    except OSError:
+        return False
 
 
 def nats_server_binary() -> str:

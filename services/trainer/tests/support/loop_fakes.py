@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from openforge_trainer.domain.ports import Checkpoint
-from openforge_trainer.domain.samples import TrainBatch
+from openforge_trainer.domain.samples import CompletedGroup, TrainBatch
 from openforge_trainer.domain.state import TrainerState
 
 
@@ -50,3 +51,19 @@ class MemoryCheckpoints:
     @staticmethod
     def _of(state: TrainerState) -> Checkpoint:
         return Checkpoint(Path(f"/checkpoints/{state.step}"), f"sha256:{state.step}", state)
+
+
+async def completed_after(
+    completed: list[CompletedGroup], changed: asyncio.Condition, cursor: str
+) -> AsyncIterator[CompletedGroup]:
+    """A fake store's ``watch``: the groups of ``completed`` whose cursor (``c<n>``) is after
+    ``cursor``, then each one appended later (``changed`` is notified on every append)."""
+    after = int(cursor[1:]) if cursor else 0
+    while True:
+        fresh = [g for g in completed if int(g.cursor[1:]) > after]
+        for g in fresh:
+            after = int(g.cursor[1:])
+            yield g
+        if not fresh:
+            async with changed:
+                await changed.wait()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from loop_fakes import MemoryCheckpoints, RecordingBackend
+from loop_fakes import MemoryCheckpoints, RecordingBackend, completed_after
 
 from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2
@@ -110,16 +110,8 @@ class ScriptedWorld:
                 )
         return msg
 
-    async def watch(self, run_id: str, cursor: str) -> AsyncIterator[CompletedGroup]:
-        after = int(cursor[1:]) if cursor else 0
-        while True:
-            fresh = [g for g in self.completed if int(g.cursor[1:]) > after]
-            for g in fresh:
-                after = int(g.cursor[1:])
-                yield g
-            if not fresh:
-                async with self.changed:
-                    await self.changed.wait()
+    def watch(self, run_id: str, cursor: str) -> AsyncIterator[CompletedGroup]:
+        return completed_after(self.completed, self.changed, cursor)
 
     async def update_weights(self, request_id: str, uri: str, version: int, checksum: str) -> int:
         self.version = version

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from loop_fakes import MemoryCheckpoints, RecordingBackend
+from loop_fakes import MemoryCheckpoints, RecordingBackend, completed_after
 
 from openforge_core.errors import Unavailable
 from openforge_trainer.domain.config import RunConfig
@@ -72,16 +72,8 @@ class RestartingWorld:
         self.requests.clear()
         self.running.clear()
 
-    async def watch(self, run_id: str, cursor: str) -> AsyncIterator[CompletedGroup]:
-        after = int(cursor[1:]) if cursor else 0
-        while True:
-            fresh = [g for g in self.completed if int(g.cursor[1:]) > after]
-            for g in fresh:
-                after = int(g.cursor[1:])
-                yield g
-            if not fresh:
-                async with self.changed:
-                    await self.changed.wait()
+    def watch(self, run_id: str, cursor: str) -> AsyncIterator[CompletedGroup]:
+        return completed_after(self.completed, self.changed, cursor)
 
     async def serving_version(self) -> int:
         if self.inference_down:
