@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from openforge.common.v1 import common_pb2
+from openforge_orchestrator.domain.scheduler import CLOSING_REASON
 from openforge_testing.servers import assert_no_process_left, openforge_train, stack_port_args, started_pids
 from openforge_trajectory_store.adapters.sql import SqlRepository
 
@@ -51,7 +52,7 @@ TWO_CALLS = (
 )
 
 
-def _config(tmp: Path) -> dict[str, object]:
+def _config(tmp: Path, think_s: int) -> dict[str, object]:
     return {
         "run_id": "faults",
         "model": {"path": str(tmp / "model"), "init_tiny": "1m"},
@@ -76,7 +77,7 @@ def _config(tmp: Path) -> dict[str, object]:
             "max_tokens": 8,
             "temperature": 1.0,
             "rollout_timeout_s": 60,
-            "command": ["sh", "-c", TWO_CALLS],
+            "command": ["sh", "-c", f"sleep {think_s}; {TWO_CALLS}" if think_s else TWO_CALLS],
         },
         "eval": None,
     }
@@ -93,11 +94,12 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen[bytes], timeout_s: f
     raise AssertionError(f"{text!r} not seen in {path}:\n{path.read_text(errors='replace')[-4000:]}")
 
 
-def _start(tmp_path: Path, name: str) -> tuple[Path, Path, list[str], subprocess.Popen[bytes]]:
+def _start(tmp_path: Path, name: str, think_s: int = 0) -> tuple[Path, Path, list[str], subprocess.Popen[bytes]]:
     """``openforge train`` on the fault config (state folder ``tmp_path/state``, output to
-    ``tmp_path/<name>``): the config, the state folder, the port options and the process."""
+    ``tmp_path/<name>``; each rollout's harness waits ``think_s`` seconds before its calls): the
+    config, the state folder, the port options and the process."""
     config = tmp_path / "faults.yaml"
-    config.write_text(yaml.safe_dump(_config(tmp_path)))
+    config.write_text(yaml.safe_dump(_config(tmp_path, think_s)))
     state = tmp_path / "state"
     ports = stack_port_args()
     return config, state, ports, openforge_train(config, state, ports, tmp_path / name, ROOT)
@@ -160,12 +162,18 @@ def test_a_service_killed_mid_run_is_restarted_and_the_run_finishes_clean(tmp_pa
 
 def test_a_closed_terminal_stops_the_run_resumable_and_leaves_no_process(tmp_path: Path) -> None:
     """SIGHUP (the terminal closing) stops ``openforge train`` as Ctrl-C does: exit 130, every
-    service stopped; the same command again resumes and finishes, no step repeated or skipped."""
-    config, state, ports, proc = _start(tmp_path, "first.out")
+    service stopped in order, the rollouts running at that moment drained (they end with their
+    verifier's reward, their events stored: none is left pending or running, none cancelled while
+    it ran); the same command again resumes and finishes, no step repeated or skipped."""
+    config, state, ports, proc = _start(tmp_path, "first.out", think_s=4)  # rollouts outlast the trainer's stop
     out = tmp_path / "first.out"
     try:
         _wait_for(out, "RL: step 1 ", proc, 300)
         pids = list(started_pids(state).values())
+        log = state / "logs" / "orchestrator.log"
+        deadline = time.monotonic() + 60
+        while log.read_text().count('"rollout.attempt"') < 3 and time.monotonic() < deadline:  # step 2 running
+            time.sleep(0.05)
         proc.send_signal(signal.SIGHUP)
         assert proc.wait(timeout=300) == 130, out.read_text(errors="replace")[-4000:]
     finally:
@@ -173,6 +181,13 @@ def test_a_closed_terminal_stops_the_run_resumable_and_leaves_no_process(tmp_pat
             proc.kill()
             proc.wait()
     assert_no_process_left(state, pids, timeout_s=0)
+    with sqlite3.connect(state / "trajectories.db") as db:
+        stopped = [common_pb2.Rollout.FromString(d) for (d,) in db.execute("SELECT data FROM rollouts")]
+    ended = [r for r in stopped if r.status == common_pb2.ROLLOUT_STATUS_SUCCEEDED]
+    assert len(ended) > 2  # step 1's two and at least one that ran when the signal came
+    unfinished = (common_pb2.ROLLOUT_STATUS_PENDING, common_pb2.ROLLOUT_STATUS_RUNNING)
+    assert not [r for r in stopped if r.status in unfinished]
+    assert not [r for r in stopped if r.failure_reason == CLOSING_REASON]
     again = openforge_train(config, state, ports, tmp_path / "second.out", ROOT)
     assert again.wait(timeout=600) == 0, (tmp_path / "second.out").read_text(errors="replace")[-4000:]
     repo = SqlRepository(f"sqlite:///{state / 'trajectories.db'}")

@@ -450,10 +450,24 @@ def wait_store_drained(nats_url: str, timeout_s: float) -> bool:
         time.sleep(0.1)
 
 
+#: The orchestrator's drain setting (``scheduler.drain_s``): how long, on SIGTERM, its running
+#: rollouts get to finish. ``down`` waits that long more for the orchestrator to exit.
+DRAIN_ENV = "OPENFORGE_SCHEDULER__DRAIN_S"
+#: The wait ``down`` allows for the drain when ``DRAIN_ENV`` is not set: above the setting's
+#: default (30 s); the orchestrator ends its drain itself, so this only bounds a hung one.
+DRAIN_WAIT_S = 45.0
+
+
 def down(state_dir: Path, grace_s: float = 15.0) -> list[str]:
-    """Stops everything ``up`` started from ``state_dir``, in order: the services that produce
-    events (all at once, each with ``grace_s`` to finish), then the trajectory store once it
-    has ingested every event they published (at most ``grace_s`` more), then NATS.
+    """Stops everything ``up`` started from ``state_dir``, in order, each stage once the one
+    before it exited (SIGTERM, SIGKILL after the stage's grace):
+
+    1. the trainer: nothing new is submitted;
+    2. the orchestrator, which lets its running rollouts finish (its ``scheduler.drain_s``; they
+       still need the proxy, the engine and the store) and cancels the ones not started;
+    3. the proxy and inference;
+    4. the trajectory store, once it has ingested every event in JetStream (at most ``grace_s``);
+    5. NATS.
 
     Returns:
         Names of the processes that were still running and got stopped.
@@ -466,12 +480,19 @@ def down(state_dir: Path, grace_s: float = 15.0) -> list[str]:
         return []
     (state_dir / STOPPING_FILE).touch()  # a supervisor in another process restarts nothing now
     stopped = [p.name for p in state.processes if _alive(p.pid)]
-    producers = [p for p in state.processes if p.name not in ("nats", "trajectory-store")]
-    for p in producers:  # all get SIGTERM at once, so their grace periods overlap
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGTERM)
-    for p in producers:
-        stop_group(p.pid, grace_s)
+    drain_wait_s = max(DRAIN_WAIT_S, float(os.environ.get(DRAIN_ENV) or 0))
+    stages: list[tuple[set[str], float]] = [
+        ({"trainer"}, grace_s),
+        ({"orchestrator"}, grace_s + drain_wait_s),
+        ({"proxy", "inference"}, grace_s),
+    ]
+    for names, stage_grace_s in stages:
+        stage = [p for p in state.processes if p.name in names]
+        for p in stage:  # SIGTERM to all of a stage at once, so their grace periods overlap
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in stage:
+            stop_group(p.pid, stage_grace_s)
     for p in state.processes:
         if p.name == "trajectory-store":
             if _alive(p.pid):

@@ -47,6 +47,14 @@ class HealthReporting(Protocol):
         """Whether the service can serve now."""
 
 
+@runtime_checkable
+class Draining(Protocol):
+    """An app with work in flight to let finish before its server stops (running rollouts)."""
+
+    async def drain(self) -> None:
+        """Accepts no new work and waits, within the app's own grace period, for the work it has."""
+
+
 async def _watch_health(server: GrpcServer, app: HealthReporting, interval_s: float) -> None:
     serving = True
     while True:
@@ -66,7 +74,9 @@ async def serve(settings: ServiceSettings, app: App, stop: asyncio.Event, health
 
     Health turns SERVING once ``app.start()`` returned; for an app that is also
     :class:`HealthReporting` it then follows ``app.healthy()`` (checked every
-    ``health_check_s`` seconds): NOT_SERVING while it is false.
+    ``health_check_s`` seconds): NOT_SERVING while it is false. On ``stop``, an app that is
+    :class:`Draining` drains first (health NOT_SERVING, the server still answering), then the
+    server stops and the app closes.
 
     Args:
         settings: The service's settings (gRPC bind address and grace period).
@@ -85,6 +95,11 @@ async def serve(settings: ServiceSettings, app: App, stop: asyncio.Event, health
             watcher = asyncio.create_task(_watch_health(server, app, health_check_s))
         await stop.wait()
         log.info("service.stopping")
+        if watcher is not None:
+            watcher.cancel()
+        if isinstance(app, Draining):
+            await server.set_serving(False)
+            await app.drain()
     finally:
         if watcher is not None:
             watcher.cancel()

@@ -89,6 +89,10 @@ class OrchestratorApp:
         await self.events.connect()
         await self.events.ensure_stream("orchestrator")
 
+    async def drain(self) -> None:
+        """Lets running rollouts finish (``scheduler.drain_s``) before the server stops."""
+        await self.scheduler.drain(self.settings.scheduler.drain_s)
+
     async def close(self) -> None:
         await self.scheduler.close()
         await self.backend.close()

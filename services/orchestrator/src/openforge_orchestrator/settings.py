@@ -39,6 +39,10 @@ class SchedulerSettings(_Section):
             before each later one, with jitter (a uniform draw in [delay / 2, delay]); 0 retries
             at once.
         retry_backoff_max_s: Longest wait between two attempts, seconds.
+        drain_s: On SIGTERM, how long running rollouts get to finish (verifier, events) before
+            they are cancelled, seconds; rollouts still waiting for a slot are cancelled at once.
+            Keep it below the process's stop grace (``openforge down``, the pod's
+            ``terminationGracePeriodSeconds``) minus ``grpc.graceful_shutdown_s``.
     """
 
     max_concurrent: int = Field(default=32, ge=1)
@@ -48,6 +52,7 @@ class SchedulerSettings(_Section):
     session_grace_s: float = Field(default=120.0, ge=0)
     retry_backoff_s: float = Field(default=2.0, ge=0)
     retry_backoff_max_s: float = Field(default=30.0, ge=0)
+    drain_s: float = Field(default=30.0, ge=0)
 
 
 class LocalSandboxSettings(_Section):

@@ -256,6 +256,33 @@ async def test_cancel_waiting_and_running(tmp_path: Path) -> None:
     assert (await sched.cancel(running.rollout_id, "again")).failure_reason == "stop"  # idempotent
 
 
+async def test_drain_lets_running_rollouts_finish_and_cancels_waiting_ones(tmp_path: Path) -> None:
+    from openforge_core.errors import Unavailable
+    from openforge_orchestrator.domain.scheduler import CLOSING_REASON, STOPPING_REASON
+
+    sched, reg, backend, events = _stack(tmp_path, ["a", "sleep"], max_concurrent=2, max_per_task=1)
+    backend.gate.clear()
+    running, waiting = await _submit(sched, ["a"], n=2)
+    stuck, _ = await _submit(sched, ["sleep"], n=2, request_id="s")
+    await asyncio.sleep(0.1)
+    assert reg.get(running.rollout_id).status is RolloutStatus.RUNNING
+    drain = asyncio.create_task(sched.drain(grace_s=0.5))
+    await asyncio.sleep(0.1)
+    with pytest.raises(Unavailable):  # nothing new once stopping
+        await _submit(sched, ["a"], request_id="late")
+    backend.gate.set()  # the running rollout finishes within the grace: verified, published
+    await drain
+    assert reg.get(running.rollout_id).status is RolloutStatus.SUCCEEDED
+    assert ("finished", running.rollout_id) in [(k, r.rollout_id) for k, r in events.log]
+    w = reg.get(waiting.rollout_id)
+    assert w.status is RolloutStatus.CANCELLED and w.failure_reason == STOPPING_REASON
+    assert backend.attempts.get(waiting.rollout_id) is None  # never started
+    assert not reg.get(stuck.rollout_id).status.terminal  # past the grace: left to close
+    await sched.close()
+    s = reg.get(stuck.rollout_id)
+    assert s.status is RolloutStatus.CANCELLED and s.failure_reason == CLOSING_REASON
+
+
 async def test_unknown_task_is_refused_at_submit(tmp_path: Path) -> None:
     from openforge_core.errors import NotFound
 

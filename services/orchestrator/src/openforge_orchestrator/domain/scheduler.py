@@ -4,7 +4,8 @@
 waits for a slot of its task (``max_per_task``), then for a global slot (``max_concurrent``), in
 that order so that a rollout waiting for its task's slot never holds a global one. Slots are
 FIFO. ``cancel`` cancels the rollout's task whether it waits or runs; the executor ends it
-CANCELLED. ``close`` cancels everything still running.
+CANCELLED. ``drain`` refuses new rollouts, cancels those still waiting and gives the running ones
+a grace period to finish (a stopping orchestrator); ``close`` cancels everything still running.
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ from typing import Any
 
 import structlog
 
+from openforge_core.errors import Unavailable
 from openforge_orchestrator.domain.execution import RolloutExecutor
 from openforge_orchestrator.domain.rollouts import Rollout, RolloutRegistry, RolloutStatus, TaskRef
 
 log = structlog.get_logger(__name__)
 
 LOG_CRASHED = "scheduler.rollout_crashed"
+#: Cancel reason of a rollout that had not started when its orchestrator stopped.
+STOPPING_REASON = "the orchestrator stopped before the rollout started"
+#: Cancel reason of a rollout still running when its orchestrator closed.
+CLOSING_REASON = "the orchestrator stopped while the rollout ran"
 
 
 class Scheduler:
@@ -51,6 +57,8 @@ class Scheduler:
         self._max_per_task = max_per_task
         self._per_task: dict[str, asyncio.Semaphore] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._started: set[str] = set()
+        self._draining = False
         self._validate_task = validate_task
         self._validate_harness = validate_harness
         self.running = 0
@@ -61,7 +69,10 @@ class Scheduler:
 
         Raises:
             FailedPrecondition: The harness is not installed here (from ``validate_harness``).
+            Unavailable: The orchestrator is stopping (:meth:`drain`).
         """
+        if self._draining:
+            raise Unavailable("the orchestrator is stopping; submit again once it is back")
         if self._validate_harness is not None:
             self._validate_harness(str(request.get("harness", "")))
         created = await self._registry.submit(**request, validate_task=self._validate_task)
@@ -75,6 +86,7 @@ class Scheduler:
         per_task = self._per_task.setdefault(key, asyncio.Semaphore(self._max_per_task))
         try:
             async with per_task, self._global:
+                self._started.add(rollout.rollout_id)
                 self.running += 1
                 self.peak_running = max(self.peak_running, self.running)
                 try:
@@ -91,6 +103,7 @@ class Scheduler:
             )
         finally:
             self._tasks.pop(rollout.rollout_id, None)
+            self._started.discard(rollout.rollout_id)
 
     async def cancel(self, rollout_id: str, reason: str) -> Rollout:
         """Cancels a rollout that has not ended: stops its sandbox, keeps its calls. Idempotent.
@@ -110,10 +123,29 @@ class Scheduler:
             await task
         return self._registry.get(rollout_id)
 
+    async def drain(self, grace_s: float) -> None:
+        """Refuses new rollouts, cancels the ones still waiting for a slot (CANCELLED, never
+        started) and waits up to ``grace_s`` seconds for the running ones to end as they would
+        (verifier reward, events published). What is still running after that is left to
+        :meth:`close`."""
+        self._draining = True
+        waiting = [rid for rid in self._tasks if rid not in self._started]
+        for rid in waiting:
+            self._executor.note_cancel(rid, STOPPING_REASON)
+            self._tasks[rid].cancel()
+        running = list(self._tasks.values())
+        if running:
+            log.info("scheduler.draining", running=len(self._started), cancelled=len(waiting), grace_s=grace_s)
+            _, late = await asyncio.wait(running, timeout=grace_s)
+            if late:
+                log.warning("scheduler.drain_timeout", still_running=len(late), grace_s=grace_s)
+
     async def close(self) -> None:
         """Cancels every rollout still waiting or running and waits for their cleanup."""
         tasks = list(self._tasks.values())
-        for t in tasks:
+        for rid, t in list(self._tasks.items()):
+            if not t.done():
+                self._executor.note_cancel(rid, CLOSING_REASON)
             t.cancel()
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
