@@ -37,6 +37,7 @@ class RestartingWorld:
         self.inference_down = False
         self.held: set[str] = set()  # groups that do not complete (still running)
         self.task_counts: list[tuple[str, int]] = []  # (request id, tasks asked for)
+        self.run_of: dict[str, str] = {}  # group id -> run id
         self._seq = 0
 
     async def submit(self, request: RolloutRequest) -> list[str]:
@@ -49,6 +50,7 @@ class RestartingWorld:
             self._seq += 1
             gid = f"g{self._seq}"
             self.running[gid] = (task, request.min_policy_version)
+            self.run_of[gid] = request.run_id
             ids.append(gid)
         self.requests[request.request_id] = ids
         await self._advance()
@@ -72,8 +74,10 @@ class RestartingWorld:
         self.requests.clear()
         self.running.clear()
 
-    def watch(self, run_id: str, cursor: str) -> AsyncIterator[CompletedGroup]:
-        return completed_after(self.completed, self.changed, cursor)
+    async def watch(self, run_id: str, cursor: str) -> AsyncIterator[CompletedGroup]:
+        async for group in completed_after(self.completed, self.changed, cursor):
+            if self.run_of[group.group_id] == run_id:
+                yield group
 
     async def serving_version(self) -> int:
         if self.inference_down:
@@ -211,3 +215,23 @@ async def test_a_lost_request_partly_consumed_is_asked_again_for_its_pending_gro
     assert await asyncio.wait_for(run, timeout=10)
     assert [g.group_id for g in world.completed] == ["g1", "g3"]  # one group made anew, not two
     assert metrics[0]["groups/resubmitted"] == 1.0
+
+
+async def test_a_mid_run_evaluation_whose_group_an_orchestrator_lost_is_asked_again_for_its_task() -> None:
+    world = RestartingWorld()
+    world.held = {"g4"}  # the evaluation after step 1: task x's group completes, task y's runs
+    metrics: list[dict[str, float]] = []
+    loop = _loop(world, MemoryCheckpoints(), metrics, steps=1, eval_interval=1, eval_tasks=["x", "y"])
+    run = asyncio.ensure_future(loop.run(asyncio.Event()))
+    for _ in range(300):  # a stall check against the live orchestrator: same groups
+        if world.submitted.count("run/eval/1") >= 2:
+            break
+        await asyncio.sleep(0.01)
+    world.restart_orchestrator()  # g4 is lost
+    world.held = set()
+    assert await asyncio.wait_for(run, timeout=10)
+    evals = [(rid, n) for rid, n in world.task_counts if rid == "run/eval/1"]
+    assert evals[0] == ("run/eval/1", 2) and set(evals[1:]) == {("run/eval/1", 1)}
+    made = [(g.group_id, g.task_id) for g in world.completed if world.run_of[g.group_id] != "run"]
+    assert made == [("g3", "x"), ("g5", "y")]  # y made anew, x not run twice
+    assert metrics[0]["eval/reward/mean"] == 0.5  # both tasks' groups (rewards 0 and 1 each)

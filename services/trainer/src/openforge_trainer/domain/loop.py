@@ -26,6 +26,7 @@ version than the trainer's (it restarted) gets the latest checkpoint again, and 
 with groups still pending is sent again under its key — the orchestrator answers a request it
 holds with the same groups, and one it lost (it restarted) with new groups, which replace them
 (``groups/resubmitted``). So no pending group outlives a restart of the orchestrator or inference.
+A mid-run evaluation waits the same way; its lost groups are asked again for their own tasks.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import random
 import statistics
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -430,15 +431,10 @@ class TrainingLoop:
         st.requests[key] = ids
         log.info("run.groups_refilled", run_id=self.run_id, groups=missing, refill=st.refills)
 
-    async def _recover(self, pending: set[str]) -> int:
-        """Checks, after a stall, that inference and the orchestrator still hold what the run
-        waits for (see the module docstring); updates ``pending`` in place.
-
-        Returns:
-            Groups requested again because the orchestrator had lost them.
-        """
+    async def _check_serving(self) -> None:
+        """Pushes the latest checkpoint again when inference serves an older policy version (it
+        restarted). Never raises: a service still restarting is checked again next time."""
         st = self.state
-        # a check must never end the run: a service still restarting is checked again next time
         try:
             serving = await self.deps.weights.serving_version()
             if serving < st.policy_version:
@@ -450,6 +446,16 @@ class TrainingLoop:
                     await self._sync_weights(latest)
         except Exception as exc:
             log.warning("run.stall_check_failed", run_id=self.run_id, service="inference", error=repr(exc))
+
+    async def _recover(self, pending: set[str]) -> int:
+        """Checks, after a stall, that inference and the orchestrator still hold what the run
+        waits for (see the module docstring); updates ``pending`` in place.
+
+        Returns:
+            Groups requested again because the orchestrator had lost them.
+        """
+        st = self.state
+        await self._check_serving()
         replaced = 0
         for key, ids in list(st.requests.items()):
             still = sorted(pending.intersection(ids))
@@ -570,19 +576,26 @@ class TrainingLoop:
     # ---- evaluation ----
 
     async def _evaluate(self, feed_stop: asyncio.Event) -> dict[str, float]:
-        """Runs one group per eval task at the current policy and waits for all of them."""
+        """Runs one group per eval task at the current policy and waits for all of them (with the
+        stall checks of the training groups: :meth:`_check_serving`, :meth:`_eval_again`)."""
         cfg, st = self.config, self.state
         run = eval_run_id(self.run_id)
         request = self._request(
             f"eval/{st.step}", len(cfg.eval_tasks), run_id=run, task_set=cfg.eval_split, tasks=cfg.eval_tasks
         )
-        request = RolloutRequest(**{**request.__dict__, "task_ids": tuple(cfg.eval_tasks)})
-        waiting = set(await self.deps.submitter.submit(request))
+        request = replace(request, task_ids=tuple(cfg.eval_tasks))
+        ids = await self.deps.submitter.submit(request)
+        task_of = dict(zip(ids, request.task_ids, strict=True))
+        waiting = set(ids)
         feed = _Feed(self.deps.groups.watch(run, st.eval_cursor), feed_stop)
         groups: list[CompletedGroup] = []
         try:
             while waiting:
-                group = await feed.next()
+                group = await feed.next_within(self.deps.stall_check_s or None)
+                if group is None:  # no group for a while: is the evaluation still running?
+                    await self._check_serving()
+                    waiting = await self._eval_again(request, waiting, task_of)
+                    continue
                 st.eval_cursor = group.cursor
                 if group.group_id in waiting:
                     waiting.discard(group.group_id)
@@ -590,3 +603,20 @@ class TrainingLoop:
         finally:
             await feed.close()
         return group_metrics(groups, pass_threshold=cfg.pass_threshold, pass_k=cfg.pass_k, prefix="eval/")
+
+    async def _eval_again(self, request: RolloutRequest, waiting: set[str], task_of: dict[str, str]) -> set[str]:
+        """The evaluation groups to wait for after asking the orchestrator again for the tasks of
+        ``waiting`` under the evaluation's request id: one that holds the request answers with its
+        groups (unchanged), one that lost it (it restarted) makes new groups for just those tasks.
+        ``task_of`` gains the new groups' tasks. Never raises (checked again next time)."""
+        tasks = tuple(task_of[g] for g in sorted(waiting))
+        try:
+            again = await self.deps.submitter.submit(replace(request, task_ids=tasks))
+        except Exception as exc:
+            log.warning("run.stall_check_failed", run_id=self.run_id, service="orchestrator", error=repr(exc))
+            return waiting
+        if waiting <= set(again):
+            return waiting
+        task_of.update(zip(again, tasks, strict=True))
+        log.warning("run.eval_groups_resubmitted", run_id=self.run_id, lost=sorted(waiting), groups=again)
+        return set(again)
