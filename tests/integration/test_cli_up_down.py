@@ -172,3 +172,43 @@ def test_up_in_the_foreground_restarts_a_killed_service_and_stops_on_sighup(tmp_
             proc.kill()
             proc.wait()
         local.down(tmp_path / "st")
+
+
+def test_up_in_the_foreground_ends_when_down_runs_in_another_terminal(tmp_path: Path) -> None:
+    """`openforge down` from elsewhere stops a foreground `up`'s services (its supervisor restarts
+    none of them and reaps them, so `down` does not wait out its grace on zombies) and the
+    foreground `up` returns."""
+    exe = Path(sys.executable).parent / "openforge"
+    args = ["--base-port", str(free_port_block(5)), "--nats-port", str(free_port()), "--http-port", str(free_port())]
+    proc = subprocess.Popen(
+        [str(exe), "up", "--state-dir", "st", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if "Press Ctrl-C to stop." in line:
+                break
+        assert "Press Ctrl-C to stop.\n" in seen, "".join(seen)
+        state = local.UpState.load(tmp_path / "st")
+        assert state is not None
+        t0 = time.monotonic()
+        down = _cli("down", "--state-dir", "st", cwd=tmp_path)
+        took = time.monotonic() - t0
+        assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
+        assert took < 30  # no stage waited out its grace (15 s) on an unreaped child
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "stopped by `openforge down`" in out, out
+        assert not any(_alive(p.pid) for p in state.processes)
+        log = tmp_path / "st" / "logs" / "supervisor.log"
+        assert not log.exists() or "restarted" not in log.read_text()  # nothing restarted
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        local.down(tmp_path / "st")

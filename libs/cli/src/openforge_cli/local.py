@@ -190,12 +190,14 @@ class Supervisor:
     def check(self) -> None:
         """One pass: schedules the restart of each process that exited and starts those due."""
         now = self._clock()
+        if stopping(self.state_dir):  # `openforge down` from elsewhere: reap what it stops, restart nothing
+            for child in self._children.values():
+                child.proc.poll()
+            return
         for name, child in self._children.items():
             code = child.proc.poll()
             if code is None or self.failure:
                 continue
-            if (self.state_dir / STOPPING_FILE).exists():  # `openforge down` from elsewhere
-                return
             if child.due is None:
                 child.restarts = [t for t in child.restarts if now - t < self.window_s]
                 if len(child.restarts) >= self.max_restarts:
@@ -227,6 +229,23 @@ class Supervisor:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
             f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+
+
+def stopping(state_dir: Path) -> bool:
+    """Whether an ``openforge down`` (from this process or another) is stopping ``state_dir``'s
+    services, or has stopped them."""
+    return (state_dir / STOPPING_FILE).exists()
+
+
+def wait_down(state_dir: Path, timeout_s: float) -> bool:
+    """Waits until a ``down`` running elsewhere has stopped ``state_dir``'s services (True), or
+    ``timeout_s`` seconds passed (False)."""
+    deadline = time.monotonic() + timeout_s
+    while UpState.load(state_dir) is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 #: The supervisors running in this process, by state folder (``down`` stops them first).

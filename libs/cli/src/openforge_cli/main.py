@@ -87,7 +87,14 @@ def up(
     click.echo("Press Ctrl-C to stop.")
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    while not stop.wait(0.5):
+        if local.stopping(state_dir):  # `openforge down` from another terminal
+            done = local.wait_down(state_dir, timeout_s=300)  # the supervisor reaps what it stops
+            supervisor = local.supervisor_of(state_dir)
+            if supervisor is not None:
+                supervisor.stop()
+            click.echo("stopped by `openforge down`" if done else "`openforge down` is still stopping the services")
+            return
     click.echo(f"stopping: {given_up[0]}" if given_up else "stopping...", err=bool(given_up))
     stopped = local.down(state_dir)
     click.echo(f"stopped {', '.join(stopped) or 'nothing'}")
