@@ -132,10 +132,3 @@ class DataLoss(OpenForgeError):
 
     code = ErrorCode.DATA_LOSS
     default_reason = "DATA_LOSS"
-
-
-class Aborted(OpenForgeError):
-    """The operation was aborted (e.g. a concurrency conflict)."""
-
-    code = ErrorCode.ABORTED
-    default_reason = "ABORTED"

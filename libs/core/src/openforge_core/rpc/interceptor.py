@@ -23,7 +23,7 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from openforge_core.errors import ErrorCode, OpenForgeError
+from openforge_core.errors import OpenForgeError
 
 log = structlog.get_logger(__name__)
 
@@ -50,14 +50,6 @@ def to_status(err: OpenForgeError) -> status_pb2.Status:
         a.Pack(bad)
         packed.append(a)
     return status_pb2.Status(code=err.code.value, message=err.message, details=packed)
-
-
-def grpc_code(code: ErrorCode) -> grpc.StatusCode:
-    """The ``grpc.StatusCode`` for one of our codes."""
-    for sc in grpc.StatusCode:
-        if sc.value[0] == code.value:
-            return sc
-    raise ValueError(code)  # pragma: no cover - every ErrorCode is a gRPC code
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException, method: str) -> None:

@@ -117,10 +117,6 @@ class GrpcServer:
         await self._server.stop(self._settings.graceful_shutdown_s)
         log.info("grpc.stopped")
 
-    async def wait_for_termination(self) -> None:
-        """Returns when the server has stopped."""
-        await self._server.wait_for_termination()
-
 
 def install_signal_handlers(stop: asyncio.Event) -> None:
     """Sets ``stop`` on SIGTERM and SIGINT (PID 1 in a container gets SIGTERM)."""

@@ -246,10 +246,6 @@ class CanonicalRequest:
     logprobs: bool = False
     body: dict[str, Any] = field(default_factory=dict)
 
-    def rendered_tools(self) -> list[Tool]:
-        """The tools shown to the model."""
-        return [t for t in self.tools if t.rendered]
-
     def tool(self, name: str) -> Tool | None:
         """The tool called ``name`` (first match), if offered."""
         for t in self.tools:

@@ -322,15 +322,6 @@ class TokenizerCodec:
         """Ids with their packed encoding."""
         return PackedIds(array("i", ids), self.pack(ids))
 
-    def encode_chunked(self, text: str, cache: ChunkCache | None) -> list[int]:
-        """Ids of ``text``, reusing the ids of chunks seen before.
-
-        Equal to :meth:`encode` (chunks end right before a special token).
-        """
-        out = IdsBuilder()
-        self.encode_into(text, cache, out)
-        return out.ids.tolist()
-
     def encode_into(self, text: str, cache: ChunkCache | None, out: IdsBuilder) -> None:
         """Appends the ids of ``text`` (and their packed encoding) to ``out``, reusing cached chunks."""
         if not text:

@@ -20,7 +20,6 @@ Errors: ``{"type": "error", "error": {"type", "message"}, "request_id"}``.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
@@ -401,15 +400,3 @@ class StreamEncoder:
 
 def _json_text(obj: Any) -> str:
     return orjson.dumps(obj).decode()
-
-
-def models_list(names: list[str]) -> dict[str, Any]:
-    """``GET /v1/models`` in the Anthropic shape."""
-    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    data = [{"type": "model", "id": n, "display_name": n, "created_at": created} for n in names]
-    return {
-        "data": data,
-        "has_more": False,
-        "first_id": names[0] if names else None,
-        "last_id": names[-1] if names else None,
-    }
