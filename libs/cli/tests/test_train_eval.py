@@ -1,9 +1,8 @@
-"""Unit tests of ``openforge train`` / ``openforge eval``: config loading, pass@k / pass^k,
+"""Unit tests of ``openforge train`` / ``openforge eval``: config loading,
 per-task summaries, the phase record and the checkpoint export (no services needed)."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from openforge.common.v1 import common_pb2
-from openforge_cli.eval import pass_at_k, pass_hat_k, report_table, split_tasks, summarize
+from openforge_cli.eval import report_table, split_tasks, summarize
 from openforge_cli.main import main
 from openforge_cli.train import (
     Phases,
@@ -24,28 +23,6 @@ from openforge_cli.train import (
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "examples" / "demo" / "demo.yaml"
-
-
-def test_pass_at_k_and_pass_hat_k_match_their_definitions() -> None:
-    # n = 4 rollouts, c = 2 pass: pass@1 = 1/2, pass@2 = 1 - C(2,2)/C(4,2) = 5/6,
-    # pass^1 = 1/2, pass^2 = C(2,2)/C(4,2) = 1/6.
-    assert pass_at_k(4, 2, 1) == pytest.approx(0.5)
-    assert pass_at_k(4, 2, 2) == pytest.approx(5 / 6)
-    assert pass_hat_k(4, 2, 1) == pytest.approx(0.5)
-    assert pass_hat_k(4, 2, 2) == pytest.approx(1 / 6)
-    assert pass_at_k(3, 0, 3) == 0.0 and pass_hat_k(3, 3, 3) == 1.0
-    assert pass_at_k(5, 4, 2) == 1.0  # fewer than k failures: some draw of k always passes
-    # brute force over every k-subset agrees
-    rewards = [1, 0, 1, 0, 0]
-    subsets = [[rewards[i] for i in range(5) if m >> i & 1] for m in range(32) if bin(m).count("1") == 3]
-    assert pass_at_k(5, 2, 3) == pytest.approx(sum(any(s) for s in subsets) / math.comb(5, 3))
-    assert pass_hat_k(5, 2, 3) == pytest.approx(sum(all(s) for s in subsets) / math.comb(5, 3))
-
-
-@pytest.mark.parametrize(("n", "c", "k"), [(2, 3, 1), (2, -1, 1), (2, 1, 0), (2, 1, 3)])
-def test_pass_metrics_refuse_impossible_counts(n: int, c: int, k: int) -> None:
-    with pytest.raises(ValueError, match="must be in"):
-        pass_at_k(n, c, k)
 
 
 def _rollout(

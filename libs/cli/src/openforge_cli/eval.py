@@ -17,7 +17,6 @@ Both are averaged over tasks.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,38 +31,10 @@ from rich.table import Table
 from openforge.common.v1 import common_pb2
 from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from openforge_cli.progress import TERMINAL, RunProgress
+from openforge_core.passk import check_counts, pass_at_k, pass_hat_k
 from openforge_core.rpc.client import open_channel
 
 ORCHESTRATOR_SERVICE = "openforge.orchestrator.v1.OrchestratorService"
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from ``c`` passes out of ``n`` rollouts.
-
-    Raises:
-        ValueError: Unless 0 <= c <= n and 1 <= k <= n.
-    """
-    _check(n, c, k)
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def pass_hat_k(n: int, c: int, k: int) -> float:
-    """pass^k (all of k rollouts pass) from ``c`` passes out of ``n`` rollouts.
-
-    Raises:
-        ValueError: Unless 0 <= c <= n and 1 <= k <= n.
-    """
-    _check(n, c, k)
-    return math.comb(c, k) / math.comb(n, k)
-
-
-def _check(n: int, c: int, k: int) -> None:
-    if not 0 <= c <= n:
-        raise ValueError(f"passes c={c} must be in [0, n={n}]")
-    if not 1 <= k <= n:
-        raise ValueError(f"k={k} must be in [1, n={n}]")
 
 
 @dataclass(frozen=True)
@@ -308,7 +279,7 @@ async def evaluate(
     if not tasks:
         raise ValueError(f"no tasks to evaluate in {task_set!r}")
     for k in ks:
-        _check(n, 0, k)
+        check_counts(n, 0, k)
     started = time.monotonic()
     with RunProgress(title, console=console) as progress:
         rollouts = await run_rollouts(

@@ -15,8 +15,6 @@ from openforge_trainer.domain.samples import (
     TrainSample,
     filter_stale,
     group_metrics,
-    pass_at_k,
-    pass_hat_k,
     select_for_sft,
 )
 from openforge_trainer.domain.state import TrainerState
@@ -35,22 +33,6 @@ def sample(sid: str, versions: tuple[int, ...], mask: tuple[int, ...], reward: f
         policy_versions=versions,
         reward=reward,
     )
-
-
-@pytest.mark.parametrize(("n", "c", "k"), [(4, 0, 1), (4, 1, 1), (4, 2, 2), (5, 3, 3), (8, 8, 4), (6, 1, 6)])
-def test_pass_at_k_and_pass_hat_k_equal_enumeration(n: int, c: int, k: int) -> None:
-    """Both estimators equal the exact probability over all k-subsets of the n rollouts."""
-    from itertools import combinations
-
-    outcomes = [True] * c + [False] * (n - c)
-    subsets = list(combinations(outcomes, k))
-    assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
-    assert pass_hat_k(n, c, k) == pytest.approx(sum(all(s) for s in subsets) / len(subsets))
-
-
-def test_pass_k_rejects_k_outside_range() -> None:
-    with pytest.raises(ValueError, match="outside"):
-        pass_at_k(3, 1, 4)
 
 
 def test_filter_stale_uses_the_oldest_sampled_token() -> None:

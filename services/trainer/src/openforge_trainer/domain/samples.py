@@ -14,12 +14,13 @@ Pure Python (no torch): the loop runs these on the event loop; backends turn a
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
+
+from openforge_core.passk import pass_at_k, pass_hat_k
 
 ExclusionReason = Literal["bypass", "failed", "cancelled", "timed_out", "no_reward"]
 
@@ -219,50 +220,6 @@ def select_for_sft(samples: Iterable[TrainSample], min_reward: float) -> list[Tr
     """Rejection sampling: the samples of rollouts whose reward is >= ``min_reward`` and that
     hold at least one sampled token."""
     return [s for s in samples if s.reward >= min_reward and s.sampled_tokens > 0]
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one task: ``1 - C(n-c, k) / C(n, k)``.
-
-    Source: Chen et al. 2021, "Evaluating Large Language Models Trained on Code", eq. 1.
-
-    Args:
-        n: Rollouts of the task.
-        c: Rollouts that passed.
-        k: Attempts (1 <= k <= n).
-
-    Raises:
-        ValueError: ``k`` outside [1, n] or ``c`` outside [0, n].
-    """
-    _check_nck(n, c, k)
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def pass_hat_k(n: int, c: int, k: int) -> float:
-    """pass^k of one task: the probability that k attempts drawn without replacement all pass,
-    ``C(c, k) / C(n, k)``.
-
-    Source: Yao et al. 2024, "τ-bench", section 5 (pass^k).
-
-    Args:
-        n: Rollouts of the task.
-        c: Rollouts that passed.
-        k: Attempts (1 <= k <= n).
-
-    Raises:
-        ValueError: ``k`` outside [1, n] or ``c`` outside [0, n].
-    """
-    _check_nck(n, c, k)
-    return math.comb(c, k) / math.comb(n, k)
-
-
-def _check_nck(n: int, c: int, k: int) -> None:
-    if not 1 <= k <= n:
-        raise ValueError(f"k={k} outside [1, n={n}]")
-    if not 0 <= c <= n:
-        raise ValueError(f"c={c} outside [0, n={n}]")
 
 
 def group_metrics(
