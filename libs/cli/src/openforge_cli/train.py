@@ -57,7 +57,7 @@ from typing import Any, Literal
 import click
 import grpc
 from google.protobuf import json_format, struct_pb2
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -67,6 +67,7 @@ from openforge_cli import local
 from openforge_cli.eval import EvalReport, RolloutSpec, evaluate, report_table, split_tasks, stack_port_options
 from openforge_cli.progress import RunProgress
 from openforge_core.rpc.client import open_channel, wait_serving
+from openforge_core.settings import SettingsSection
 
 TRAINER_SERVICE = "openforge.trainer.v1.TrainerService"
 PHASES_FILE = "phases.json"
@@ -78,11 +79,7 @@ HARNESS_CONFIG_FILES = ("mini-swe-agent",)
 _TRAINER_ONLY = {"optimizer.pt", "trainer_state.json"}
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelSpec(_Section):
+class ModelSpec(SettingsSection):
     """The model the run starts from.
 
     Attributes:
@@ -97,7 +94,7 @@ class ModelSpec(_Section):
     seed: int = 0
 
 
-class StackSpec(_Section):
+class StackSpec(SettingsSection):
     """The local services.
 
     Attributes:
@@ -119,7 +116,7 @@ class StackSpec(_Section):
     env: dict[str, str] = Field(default_factory=dict)
 
 
-class WarmStartSpec(_Section):
+class WarmStartSpec(SettingsSection):
     """SFT on demonstrations recorded through the real path before RL.
 
     Attributes:
@@ -138,7 +135,7 @@ class WarmStartSpec(_Section):
     run: dict[str, Any] = Field(default_factory=dict)
 
 
-class EvalSpec(_Section):
+class EvalSpec(SettingsSection):
     """Evaluation before and after RL on a held-out split.
 
     Attributes:
@@ -154,7 +151,7 @@ class EvalSpec(_Section):
     pass_threshold: float = 1.0
 
 
-class TrainConfig(_Section):
+class TrainConfig(SettingsSection):
     """A train config (see the module docstring).
 
     Attributes:

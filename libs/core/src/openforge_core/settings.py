@@ -18,11 +18,13 @@ ENV_PREFIX = "OPENFORGE_"
 ENV_NESTED_DELIMITER = "__"
 
 
-class _Section(BaseModel):
+class SettingsSection(BaseModel):
+    """Base of every settings section and config block: unknown fields are refused, values frozen."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class GrpcServerSettings(_Section):
+class GrpcServerSettings(SettingsSection):
     """Where and how a service serves gRPC.
 
     Attributes:
@@ -38,7 +40,7 @@ class GrpcServerSettings(_Section):
     max_message_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
 
 
-class NatsSettings(_Section):
+class NatsSettings(SettingsSection):
     """The NATS JetStream connection.
 
     Attributes:
@@ -67,7 +69,7 @@ class NatsSettings(_Section):
     stream_max_age_s: float = Field(default=0.0, ge=0)
 
 
-class LogSettings(_Section):
+class LogSettings(SettingsSection):
     """Logging.
 
     Attributes:
@@ -79,7 +81,7 @@ class LogSettings(_Section):
     format: Literal["json", "console"] = "json"
 
 
-class ServiceAddresses(_Section):
+class ServiceAddresses(SettingsSection):
     """``host:port`` of each service's gRPC endpoint, as seen by this service."""
 
     proxy: str = "127.0.0.1:50051"

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from openforge_core.settings import ServiceSettings
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from openforge_core.settings import ServiceSettings, SettingsSection
 
 
-class TaskSettings(_Section):
+class TaskSettings(SettingsSection):
     """Where tasks come from (``OPENFORGE_TASKS__*``).
 
     Attributes:
@@ -24,7 +20,7 @@ class TaskSettings(_Section):
     root: str = "examples/tasks"
 
 
-class SchedulerSettings(_Section):
+class SchedulerSettings(SettingsSection):
     """How many rollouts run at once and how often infrastructure failures are retried.
 
     Attributes:
@@ -55,7 +51,7 @@ class SchedulerSettings(_Section):
     drain_s: float = Field(default=30.0, ge=0)
 
 
-class LocalSandboxSettings(_Section):
+class LocalSandboxSettings(SettingsSection):
     """The ``local`` (bubblewrap) backend (``OPENFORGE_SANDBOX__LOCAL__*``).
 
     Attributes:
@@ -96,7 +92,7 @@ DEFAULT_HARNESS_IMAGES: dict[str, str] = {
 }
 
 
-class KubernetesSandboxSettings(_Section):
+class KubernetesSandboxSettings(SettingsSection):
     """The ``kubernetes`` backend: one Job per rollout (``OPENFORGE_SANDBOX__KUBERNETES__*``).
 
     Attributes:
@@ -153,7 +149,7 @@ class KubernetesSandboxSettings(_Section):
     api_threads: int = Field(default=128, ge=2)
 
 
-class SandboxSettings(_Section):
+class SandboxSettings(SettingsSection):
     """Which sandbox backend runs rollouts (``OPENFORGE_SANDBOX__*``).
 
     Attributes:
@@ -167,7 +163,7 @@ class SandboxSettings(_Section):
     kubernetes: KubernetesSandboxSettings = KubernetesSandboxSettings()
 
 
-class HarnessSettings(_Section):
+class HarnessSettings(SettingsSection):
     """Where harnesses are installed and how the proxy is reached (``OPENFORGE_HARNESS__*``).
 
     Attributes:

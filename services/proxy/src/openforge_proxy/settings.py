@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from openforge_core.settings import ServiceSettings
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from openforge_core.settings import ServiceSettings, SettingsSection
 
 
-class HttpSettings(_Section):
+class HttpSettings(SettingsSection):
     """The harness-facing HTTP server (``OPENFORGE_HTTP__*``).
 
     Attributes:
@@ -36,7 +32,7 @@ class HttpSettings(_Section):
     body_timeout_s: float = Field(default=60.0, ge=0)
 
 
-class ModelSettings(_Section):
+class ModelSettings(SettingsSection):
     """How the proxy uses the served model (``OPENFORGE_MODEL__*``).
 
     Attributes:
@@ -55,7 +51,7 @@ class ModelSettings(_Section):
     check_tokenizer_hash: bool = True
 
 
-class RecordSettings(_Section):
+class RecordSettings(SettingsSection):
     """Call records (``OPENFORGE_RECORD__*``).
 
     Attributes:

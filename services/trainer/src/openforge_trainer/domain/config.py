@@ -11,9 +11,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from openforge_core.errors import FieldViolation, InvalidArgument
+from openforge_core.settings import SettingsSection
 
 Algorithm = Literal["grpo", "rloo", "reinforce++"]
 PolicyLoss = Literal["ppo-clip", "gspo"]
@@ -21,11 +22,7 @@ LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean
 KlType = Literal["k1", "k2", "k3", "kl", "abs", "mse", "low_var_kl", "k3+", "low_var_kl+"]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SftConfig(_Section):
+class SftConfig(SettingsSection):
     """Rejection-sampling fine-tuning: train only on rollouts whose reward passes a bar.
 
     Attributes:
@@ -39,7 +36,7 @@ class SftConfig(_Section):
     source_run_id: str = ""
 
 
-class VerlConfig(_Section):
+class VerlConfig(SettingsSection):
     """Settings only the ``verl`` backend reads (mapping: ``services/trainer/VERL.md``).
 
     Attributes:
@@ -57,7 +54,7 @@ class VerlConfig(_Section):
     strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
 
 
-class RunConfig(_Section):
+class RunConfig(SettingsSection):
     """One training run.
 
     Attributes:
