@@ -37,15 +37,8 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     """pass^k of one task: the probability that k attempts drawn without replacement all pass,
     ``C(c, k) / C(n, k)``.
 
-    Source: Yao et al. 2024, "τ-bench", section 5 (pass^k).
-
-    Args:
-        n: Rollouts of the task.
-        c: Rollouts that passed.
-        k: Attempts (1 <= k <= n).
-
-    Raises:
-        ValueError: ``k`` outside [1, n] or ``c`` outside [0, n].
+    Source: Yao et al. 2024, "τ-bench", section 5 (pass^k). Arguments and errors as
+    :func:`pass_at_k`.
     """
     check_counts(n, c, k)
     return math.comb(c, k) / math.comb(n, k)
