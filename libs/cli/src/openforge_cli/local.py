@@ -31,6 +31,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from openforge_core.backoff import doubling_delay
 from openforge_core.rpc.client import wait_serving
 
 #: (name, module, settings key in ServiceAddresses), in start order.
@@ -203,7 +204,7 @@ class Supervisor:
                 if len(child.restarts) >= self.max_restarts:
                     self._give_up(name, child, code)
                     continue
-                delay = min(self.backoff_max_s, self.backoff_s * 2.0 ** len(child.restarts))
+                delay = doubling_delay(self.backoff_s, len(child.restarts), self.backoff_max_s)
                 child.due = now + delay
                 self._log(f"{name} (pid {child.info.pid}) exited with {code}; restarting in {delay:g}s")
             if now >= child.due:

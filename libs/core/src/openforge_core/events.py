@@ -44,6 +44,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from openforge.common.v1 import common_pb2
+from openforge_core.backoff import doubling_delay
 from openforge_core.errors import ErrorCode, OpenForgeError
 from openforge_core.settings import NatsSettings
 from openforge_core.telemetry import exporting_spans, extract_context, inject_context
@@ -267,16 +268,17 @@ class EventBus:
         if not event_id:
             raise ValueError("event_id must not be empty")
         deadline = time.monotonic() + self._settings.publish_retry_s
-        delay = 0.5
+        retry = 0
         while True:
             try:
                 return await self._publish_once(subject, message, event_id)
             except _UNAVAILABLE:
+                delay = doubling_delay(0.5, retry, 10.0)
                 if time.monotonic() + delay > deadline:
                     raise
                 log.warning("event.publish_retry", subject=subject, event_id=event_id, retry_in_s=delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                retry += 1
 
     async def _publish_once(self, subject: str, message: Message, event_id: str) -> bool:
         await self.ensure_stream(_domain_of(subject))
@@ -559,7 +561,7 @@ class _PullLoop:
         """Redelivery delay after the ``num_delivered``-th delivery failed: ``nak_delay_s``
         doubled each time, at most :data:`MAX_NAK_DELAY_S`, so that the deliveries JetStream
         allows span an outage (20 deliveries from 1 s: about 15 minutes), not 20 seconds."""
-        return min(self.nak_delay_s * 2.0 ** max(num_delivered - 1, 0), MAX_NAK_DELAY_S)
+        return doubling_delay(self.nak_delay_s, max(num_delivered - 1, 0), MAX_NAK_DELAY_S)
 
     async def _dispatch_batch(self, items: list[tuple[Any, Message, Delivery]]) -> None:
         assert self.batch_handler is not None

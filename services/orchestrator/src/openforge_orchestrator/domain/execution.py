@@ -26,6 +26,7 @@ from typing import Protocol
 
 import structlog
 
+from openforge_core.backoff import doubling_delay
 from openforge_core.errors import OpenForgeError, Unavailable
 from openforge_orchestrator.domain.rollouts import Rollout, RolloutRegistry, RolloutStatus
 from openforge_orchestrator.domain.sandbox import (
@@ -106,7 +107,7 @@ class ExecutionSettings:
             attempt: The attempt that failed (>= 1).
             draw: A uniform draw in [0, 1) (the jitter).
         """
-        delay = min(self.retry_backoff_max_s, self.retry_backoff_s * 2.0 ** (attempt - 1))
+        delay = doubling_delay(self.retry_backoff_s, attempt - 1, self.retry_backoff_max_s)
         return delay * (0.5 + 0.5 * draw)
 
 
