@@ -348,3 +348,53 @@ async def test_limits_of_an_existing_stream_follow_the_settings(nats_server_fn: 
         assert info.state.messages == 2
     finally:
         await second.close()
+
+
+async def test_events_every_consumer_acknowledged_are_purged_and_no_other(nats_server_fn: NatsServer) -> None:
+    producer, consumer = await _bus(nats_server_fn), await _bus(nats_server_fn)
+    unread = subject_for("trainer", "step_completed")  # a subject no consumer reads
+    fast, slow_seen = Collector(), Collector()
+
+    async def slow(event: Message, delivery: Delivery) -> None:
+        if event.version == 3:  # type: ignore[attr-defined]
+            raise RuntimeError("transient")  # naked, redelivered much later: never acknowledged here
+        await slow_seen(event, delivery)
+
+    try:
+        for v in (1, 2, 3, 4, 5):
+            await producer.publish(SUBJECT, _event(v), event_id=f"w/{v}")
+        for v in (1, 2):
+            await producer.publish(unread, events_pb2.StepCompleted(event_id=f"s/{v}"), event_id=f"s/{v}")
+        await consumer.consume("fast", [SUBJECT], [events_pb2.WeightsPublished], fast)
+        await consumer.consume("slow", [SUBJECT], [events_pb2.WeightsPublished], slow, nak_delay_s=60)
+        await fast.wait_for(5)
+        await slow_seen.wait_for(4)
+        stream = stream_name("trainer")
+        await asyncio.sleep(0.3)  # the last acks reach the server
+        assert await consumer.purge_consumed() == 2  # 1 and 2: below the slow consumer's floor (3 naked)
+        info = await consumer.js.stream_info(stream, subjects_filter="openforge.trainer.v1.>")
+        assert info.state.subjects == {SUBJECT: 3, unread: 2}
+        assert await consumer.purge_consumed() == 0  # nothing more is acknowledged by both
+    finally:
+        await producer.close()
+        await consumer.close()
+
+
+async def test_a_consuming_bus_purges_what_it_acknowledged_every_purge_consumed_s(nats_server_fn: NatsServer) -> None:
+    producer = await _bus(nats_server_fn)
+    consumer = EventBus(NatsSettings(url=nats_server_fn.url, purge_consumed_s=0.2))
+    await consumer.connect()
+    got = Collector()
+    try:
+        await consumer.consume("c-purge", [SUBJECT], [events_pb2.WeightsPublished], got)
+        for v in (1, 2, 3):
+            await producer.publish(SUBJECT, _event(v), event_id=f"w/{v}")
+        await got.wait_for(3)
+        for _ in range(50):
+            if (await consumer.js.stream_info(stream_name("trainer"))).state.messages == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert (await consumer.js.stream_info(stream_name("trainer"))).state.messages == 0
+    finally:
+        await producer.close()
+        await consumer.close()

@@ -160,6 +160,8 @@ class EventBus:
         self._js: JetStreamContext | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._streams: set[str] = set()
+        self._consumed: set[str] = set()
+        self._purger: asyncio.Task[None] | None = None
 
     @property
     def js(self) -> JetStreamContext:
@@ -406,7 +408,52 @@ class EventBus:
             )
             task = asyncio.create_task(loop.run(batch), name=name)
             self._tasks.append(task)
+            self._consumed.add(stream_name(domain))
             log.info("nats.consumer_started", durable=name, subject=subject)
+        if self._settings.purge_consumed_s and self._purger is None:
+            self._purger = asyncio.create_task(self._purge_loop(self._settings.purge_consumed_s), name="purge")
+            self._tasks.append(self._purger)
+
+    async def purge_consumed(self, streams: Iterable[str] | None = None) -> int:
+        """Removes the events every consumer of their subject has acknowledged.
+
+        Per stream (default: those this bus consumes) and per subject some consumer filters on,
+        the events of that subject at or below the lowest ack floor of the consumers that read it
+        (filtering on it, or on the whole stream) are purged. Unacknowledged, naked or
+        redelivered events stay, and so do subjects no consumer reads (dead letters). Purged
+        events stay de-duplicated by id for the stream's window.
+
+        Returns:
+            Events removed (less any published meanwhile).
+        """
+        removed = 0
+        for stream in sorted(self._consumed if streams is None else streams):
+            consumers = await self.js.consumers_info(stream)
+            floors: dict[str, list[int]] = {}
+            whole: list[int] = []
+            for c in consumers:
+                floor = c.ack_floor.stream_seq if c.ack_floor is not None else 0
+                subject = c.config.filter_subject if c.config is not None else None
+                (floors.setdefault(subject, []) if subject else whole).append(floor)
+            before = (await self.js.stream_info(stream)).state.messages
+            for subject, subject_floors in sorted(floors.items()):
+                floor = min([*subject_floors, *whole])
+                if floor > 0:
+                    await self.js.purge_stream(stream, seq=floor + 1, subject=subject)
+            removed += max(before - (await self.js.stream_info(stream)).state.messages, 0)
+        if removed:
+            log.info("nats.consumed_purged", events=removed)
+        return removed
+
+    async def _purge_loop(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await asyncio.wait_for(self.purge_consumed(), timeout=max(every_s, 10.0))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # NATS restarting: the next round purges what this one did not
+                log.warning("nats.purge_failed", error=repr(exc))
 
     async def close(self) -> None:
         """Stops consumers and closes the connection (every publish was already acknowledged)."""
@@ -416,6 +463,7 @@ class EventBus:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        self._purger = None
         if self._nc is not None and not self._nc.is_closed:
             # close, not drain: every publish already waited for JetStream's ack, and draining
             # pull subscriptions with fetches outstanding can stall shutdown for its whole timeout.

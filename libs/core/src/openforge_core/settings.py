@@ -54,11 +54,13 @@ class NatsSettings(SettingsSection):
         stream_max_bytes: Size at which a stream this service creates refuses new events
             (discard ``new``: nothing stored is ever dropped to make room; a refused call record
             is answered 503). Consumed events stay in the stream until ``stream_max_age_s``
-            removes them, so without an age limit this is a lifetime cap: once reached, every
-            publish fails until the limit is raised. 0 = no limit.
+            removes them or ``purge_consumed_s`` removes them once acknowledged. 0 = no limit.
         stream_max_age_s: Age after which events are removed whether consumed or not, seconds
             (the one limit that can drop an event the store never read: set it well above the
             longest time the store may be down). 0 = no limit.
+        purge_consumed_s: How often a consuming service removes from its streams the events
+            every consumer of their subject has acknowledged (below each subject's lowest ack
+            floor; subjects nobody consumes, dead letters included, are kept), seconds. 0 = never.
     """
 
     url: str = "nats://127.0.0.1:4222"
@@ -67,6 +69,7 @@ class NatsSettings(SettingsSection):
     publish_retry_s: float = Field(default=120.0, ge=0)
     stream_max_bytes: int = Field(default=0, ge=0)
     stream_max_age_s: float = Field(default=0.0, ge=0)
+    purge_consumed_s: float = Field(default=60.0, ge=0)
 
 
 class LogSettings(SettingsSection):
