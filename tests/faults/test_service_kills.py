@@ -65,7 +65,12 @@ def _config(tmp: Path, think_s: int) -> dict[str, object]:
             "tasks_root": str(ROOT / "examples" / "demo" / "tasks"),
             "max_concurrent": 2,
             "serving_timeout_s": 120,
-            "env": {"OPENFORGE_MAX_MODEL_LEN": "512", "OPENFORGE_STALL_CHECK_S": "3"},
+            # consumed events purged every 2 s: the purge must never take an unstored record
+            "env": {
+                "OPENFORGE_MAX_MODEL_LEN": "512",
+                "OPENFORGE_STALL_CHECK_S": "3",
+                "OPENFORGE_NATS__PURGE_CONSUMED_S": "2",
+            },
         },
         "warm_start": None,
         "run": {
