@@ -3,7 +3,8 @@ stop the run or poison its data.
 
 Each case runs ``openforge train`` as a user does (a subprocess: a 1m random-init model on the
 transformers engine, the ``command`` harness making two Chat Completions calls per rollout in
-bubblewrap sandboxes, 4 GRPO steps), kills one service once step 1 is done, and checks:
+bubblewrap sandboxes, 4 GRPO steps), kills one service once step 1 is done (the proxy also
+while a rollout waits between its two calls), and checks:
 
 * the run finishes (exit 0, all 4 steps) — the supervisor started the service again, and the
   run went on: the CLI resumed the run on a restarted trainer; the trainer pushed its checkpoint
@@ -37,22 +38,26 @@ ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-#: Two model calls through the proxy, as a harness makes them (python3 of the sandbox; no
-#: braces: the orchestrator formats the template).
-TWO_CALLS = (
-    'python3 -c "import json, os, urllib.request as u; '
-    "url = os.environ['OPENAI_BASE_URL'] + '/chat/completions'; "
-    "h = dict(Authorization='Bearer ' + os.environ['OPENAI_API_KEY'], **dict([('Content-Type', 'application/json')])); "
-    "msgs = [dict(role='user', content='count the lines')]; "
-    "a = json.loads(u.urlopen(u.Request(url, data=json.dumps(dict(model='policy', messages=msgs)).encode(), "
-    "headers=h), timeout=60).read())['choices'][0]['message']; "
-    "msgs += [dict(role='assistant', content=a['content'] or ''), dict(role='user', content='and now?')]; "
-    "u.urlopen(u.Request(url, data=json.dumps(dict(model='policy', messages=msgs)).encode(), headers=h), "
-    'timeout=60).read()"'
-)
+
+def _two_calls(pause_s: int) -> str:
+    """Two model calls through the proxy, ``pause_s`` seconds apart, as a harness makes them
+    (python3 of the sandbox; no braces: the orchestrator formats the template)."""
+    return (
+        'python3 -c "import json, os, time, urllib.request as u; '
+        "url = os.environ['OPENAI_BASE_URL'] + '/chat/completions'; "
+        "h = dict(Authorization='Bearer ' + os.environ['OPENAI_API_KEY'], "
+        "**dict([('Content-Type', 'application/json')])); "
+        "msgs = [dict(role='user', content='count the lines')]; "
+        "a = json.loads(u.urlopen(u.Request(url, data=json.dumps(dict(model='policy', messages=msgs)).encode(), "
+        "headers=h), timeout=60).read())['choices'][0]['message']; "
+        f"time.sleep({pause_s}); "
+        "msgs += [dict(role='assistant', content=a['content'] or ''), dict(role='user', content='and now?')]; "
+        "u.urlopen(u.Request(url, data=json.dumps(dict(model='policy', messages=msgs)).encode(), headers=h), "
+        'timeout=60).read()"'
+    )
 
 
-def _config(tmp: Path, think_s: int) -> dict[str, object]:
+def _config(tmp: Path, think_s: int, pause_s: int) -> dict[str, object]:
     return {
         "run_id": "faults",
         "model": {"path": str(tmp / "model"), "init_tiny": "1m"},
@@ -82,7 +87,7 @@ def _config(tmp: Path, think_s: int) -> dict[str, object]:
             "max_tokens": 8,
             "temperature": 1.0,
             "rollout_timeout_s": 60,
-            "command": ["sh", "-c", f"sleep {think_s}; {TWO_CALLS}" if think_s else TWO_CALLS],
+            "command": ["sh", "-c", f"sleep {think_s}; {_two_calls(pause_s)}"],
         },
         "eval": None,
     }
@@ -99,26 +104,39 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen[bytes], timeout_s: f
     raise AssertionError(f"{text!r} not seen in {path}:\n{path.read_text(errors='replace')[-4000:]}")
 
 
-def _start(tmp_path: Path, name: str, think_s: int = 0) -> tuple[Path, Path, list[str], subprocess.Popen[bytes]]:
+def _start(
+    tmp_path: Path, name: str, think_s: int = 0, pause_s: int = 0
+) -> tuple[Path, Path, list[str], subprocess.Popen[bytes]]:
     """``openforge train`` on the fault config (state folder ``tmp_path/state``, output to
-    ``tmp_path/<name>``; each rollout's harness waits ``think_s`` seconds before its calls): the
-    config, the state folder, the port options and the process."""
+    ``tmp_path/<name>``; each rollout's harness waits ``think_s`` seconds before its calls and
+    ``pause_s`` between them): the config, the state folder, the port options and the process."""
     config = tmp_path / "faults.yaml"
-    config.write_text(yaml.safe_dump(_config(tmp_path, think_s)))
+    config.write_text(yaml.safe_dump(_config(tmp_path, think_s, pause_s)))
     state = tmp_path / "state"
     ports = stack_port_args()
     return config, state, ports, openforge_train(config, state, ports, tmp_path / name, ROOT)
 
 
-@pytest.mark.parametrize("victim", ["trainer", "orchestrator", "inference", "proxy", "trajectory-store", "nats"])
+@pytest.mark.parametrize(
+    "victim", ["trainer", "orchestrator", "inference", "proxy", "trajectory-store", "nats", "proxy-inside-a-rollout"]
+)
 def test_a_service_killed_mid_run_is_restarted_and_the_run_finishes_clean(tmp_path: Path, victim: str) -> None:
+    """``proxy-inside-a-rollout``: the proxy is killed while a rollout waits between its two
+    calls (its first answered and recorded, its second sent to the restarting proxy)."""
     if not Path("/usr/bin/bwrap").exists():
         pytest.fail("bubblewrap is not installed (apt-get install -y bubblewrap): the sandboxes need it")
-    _, state, _, proc = _start(tmp_path, "train.out")
+    inside = victim == "proxy-inside-a-rollout"
+    service = "proxy" if inside else victim
+    _, state, _, proc = _start(tmp_path, "train.out", pause_s=4 if inside else 0)
     out = tmp_path / "train.out"
     try:
         _wait_for(out, "RL: step 1 ", proc, 300)
-        os.killpg(started_pids(state)[victim], signal.SIGKILL)
+        if inside:  # step 1 made 4 calls; the 5th answered is a step-2 rollout's first
+            proxy_log = state / "logs" / "proxy.log"
+            deadline = time.monotonic() + 60
+            while proxy_log.read_text().count('"call.done"') < 5 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        os.killpg(started_pids(state)[service], signal.SIGKILL)
         assert proc.wait(timeout=600) == 0, out.read_text(errors="replace")[-6000:]
     finally:
         if proc.poll() is None:
@@ -127,7 +145,7 @@ def test_a_service_killed_mid_run_is_restarted_and_the_run_finishes_clean(tmp_pa
     text = out.read_text(errors="replace")
     assert "RL: step 4 " in text, text[-4000:]
     supervisor_log = (state / "logs" / "supervisor.log").read_text()
-    assert f"{victim} (pid" in supervisor_log and "exited with -9" in supervisor_log
+    assert f"{service} (pid" in supervisor_log and "exited with -9" in supervisor_log
 
     repo = SqlRepository(f"sqlite:///{state / 'trajectories.db'}")
     repo.open()
@@ -165,8 +183,9 @@ def test_a_service_killed_mid_run_is_restarted_and_the_run_finishes_clean(tmp_pa
         assert "resumed after step 1" in text
 
 
-def test_a_closed_terminal_stops_the_run_resumable_and_leaves_no_process(tmp_path: Path) -> None:
-    """SIGHUP (the terminal closing) stops ``openforge train`` as Ctrl-C does: exit 130, every
+@pytest.mark.parametrize("stop", [signal.SIGHUP, signal.SIGINT], ids=["SIGHUP", "SIGINT"])
+def test_a_stop_signal_stops_the_run_resumable_and_leaves_no_process(tmp_path: Path, stop: signal.Signals) -> None:
+    """SIGHUP (the terminal closing) stops ``openforge train`` as Ctrl-C (SIGINT) does: exit 130, every
     service stopped in order, the rollouts running at that moment drained (they end with their
     verifier's reward, their events stored: none is left pending or running, none cancelled while
     it ran); the same command again resumes and finishes, no step repeated or skipped."""
@@ -179,7 +198,7 @@ def test_a_closed_terminal_stops_the_run_resumable_and_leaves_no_process(tmp_pat
         deadline = time.monotonic() + 60
         while log.read_text().count('"rollout.attempt"') < 3 and time.monotonic() < deadline:  # step 2 running
             time.sleep(0.05)
-        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(stop)
         assert proc.wait(timeout=300) == 130, out.read_text(errors="replace")[-4000:]
     finally:
         if proc.poll() is None:
