@@ -415,9 +415,12 @@ def reference_main(argv: list[str]) -> int:
     rng = random.Random(args.seed)
     for step in range(args.rl_steps):
         ts = time.perf_counter()
-        eps = ref.rollouts(rng.sample(train, args.groups), args.group_size, limits)
+        groups = step_groups(
+            ref, train, rng, {"groups_per_step": args.groups, "group_size": args.group_size, **run}, limits
+        )
         tg = time.perf_counter() - ts
-        m = ref.train(ref.samples(eps, f"step{step}"), sft=False)
+        m = ref.train([s for j, g in enumerate(groups) for s in ref.samples(g, f"step{step}/{j}")], sft=False)
+        eps = [e for g in groups for e in g]
         print(f"rl {step}: reward {statistics.fmean(e.reward for e in eps):.3f} rollouts {tg:.1f}s "
               f"train {time.perf_counter() - ts - tg:.1f}s entropy {m.get('entropy', 0):.3f}")  # fmt: skip
     t3 = time.perf_counter()
@@ -508,13 +511,40 @@ def run_reference(model: Path, cfg: dict[str, Any], tasks_root: Path, settings: 
     start = time.perf_counter()
     for step in range(int(run["steps"])):
         t0 = time.perf_counter()
-        eps = ref.rollouts(rng.sample(train, int(run["groups_per_step"])), int(run["group_size"]), limits)
+        groups = step_groups(ref, train, rng, run, limits)
         t1 = time.perf_counter()
-        ref.train(ref.samples(eps, f"step{step}"), sft=False)
+        ref.train([s for j, g in enumerate(groups) for s in ref.samples(g, f"step{step}/{j}")], sft=False)
         t2 = time.perf_counter()
-        reward = statistics.fmean(e.reward for e in eps)
+        reward = statistics.fmean(e.reward for g in groups for e in g)
         rows.append({"reward": reward, "rollouts_s": t1 - t0, "train_s": t2 - t1, "wall_s": t2 - start})
     return rows
+
+
+def step_groups(
+    ref: Reference, train: list[Task], rng: random.Random, run: dict[str, Any], limits: dict[str, Any]
+) -> list[list[Episode]]:
+    """One step's groups, collected as the trainer's loop does: ``groups_per_step`` groups of
+    ``group_size``; with ``drop_zero_variance_groups`` a group whose rollouts all earned one
+    reward is set aside and another is drawn in its place, until more than
+    ``max_zero_variance_refills`` were set aside (then the step trains on what it has, or on the
+    last ones set aside when it has none)."""
+    want, size = int(run["groups_per_step"]), int(run["group_size"])
+    dynamic = bool(run.get("drop_zero_variance_groups", False))
+    refills = int(run.get("max_zero_variance_refills", 8))
+    kept: list[list[Episode]] = []
+    aside: list[list[Episode]] = []
+    while len(kept) < want and len(aside) <= refills:
+        tasks = rng.sample(train, want - len(kept))
+        eps = ref.rollouts(tasks, size, limits)
+        for i in range(len(tasks)):
+            group = eps[i * size : (i + 1) * size]
+            if dynamic and len({e.reward for e in group}) == 1:
+                aside.append(group)
+            else:
+                kept.append(group)
+        if not dynamic:
+            break
+    return kept[:want] or aside[-want:]
 
 
 def report(steps: list[dict[str, Any]], split: dict[str, list[float]], ref_rows: list[dict[str, float]]) -> None:
