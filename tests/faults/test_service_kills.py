@@ -134,7 +134,8 @@ def test_a_service_killed_mid_run_is_restarted_and_the_run_finishes_clean(tmp_pa
         if inside:  # step 1 made 4 calls; the 5th answered is a step-2 rollout's first
             proxy_log = state / "logs" / "proxy.log"
             deadline = time.monotonic() + 60
-            while proxy_log.read_text().count('"call.done"') < 5 and time.monotonic() < deadline:
+            while proxy_log.read_text().count('"call.done"') < 5:
+                assert time.monotonic() < deadline, "no step-2 rollout made its first call"
                 time.sleep(0.05)
         os.killpg(started_pids(state)[service], signal.SIGKILL)
         assert proc.wait(timeout=600) == 0, out.read_text(errors="replace")[-6000:]
@@ -196,7 +197,8 @@ def test_a_stop_signal_stops_the_run_resumable_and_leaves_no_process(tmp_path: P
         pids = list(started_pids(state).values())
         log = state / "logs" / "orchestrator.log"
         deadline = time.monotonic() + 60
-        while log.read_text().count('"rollout.attempt"') < 3 and time.monotonic() < deadline:  # step 2 running
+        while log.read_text().count('"rollout.attempt"') < 3:  # step 2 running
+            assert time.monotonic() < deadline, "no step-2 rollout started"
             time.sleep(0.05)
         proc.send_signal(stop)
         assert proc.wait(timeout=300) == 130, out.read_text(errors="replace")[-4000:]
@@ -205,6 +207,7 @@ def test_a_stop_signal_stops_the_run_resumable_and_leaves_no_process(tmp_path: P
             proc.kill()
             proc.wait()
     assert_no_process_left(state, pids, timeout_s=0)
+    assert '"scheduler.draining"' in (state / "logs" / "orchestrator.log").read_text()  # rollouts were running
     with sqlite3.connect(state / "trajectories.db") as db:
         stopped = [common_pb2.Rollout.FromString(d) for (d,) in db.execute("SELECT data FROM rollouts")]
     ended = [r for r in stopped if r.status == common_pb2.ROLLOUT_STATUS_SUCCEEDED]

@@ -115,3 +115,28 @@ def test_restarts_long_ago_do_not_count_against_the_limit(tmp_path: Path) -> Non
     clock.now += 1.0
     sup.check()
     assert len(sup.restarts) == 2
+
+
+def test_while_down_runs_elsewhere_nothing_is_restarted_and_what_it_stops_is_reaped(tmp_path: Path) -> None:
+    state, proc = _stack(tmp_path, SLEEPER)
+    clock = Clock()
+    sup = local.Supervisor(tmp_path, state, {"svc": (SLEEPER, {}, proc)}, backoff_s=1.0, clock=clock)
+    try:
+        (tmp_path / local.STOPPING_FILE).touch()  # `openforge down` in another terminal
+        proc.kill()
+        for _ in range(100):
+            sup.check()
+            if proc.returncode is not None:
+                break
+            time.sleep(0.05)
+        assert proc.returncode is not None  # reaped: no zombie for that `down` to wait on
+        clock.now += 60
+        sup.check()
+        assert sup.restarts == [] and not (tmp_path / "logs" / "supervisor.log").exists()
+    finally:
+        sup.stop()
+
+
+def test_down_waits_for_the_orchestrator_s_drain_as_it_was_started() -> None:
+    assert local.drain_wait_s({local.DRAIN_ENV: "120"}) == 120.0
+    assert local.drain_wait_s({}) == local.drain_wait_s({local.DRAIN_ENV: "x"}) == local.DRAIN_WAIT_S

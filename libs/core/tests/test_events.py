@@ -114,15 +114,18 @@ async def test_durable_consumer_resumes_after_restart(nats_server_fn: NatsServer
     try:
         first = await _bus(nats_server_fn)
         got1 = Collector()
-        await first.consume("c3", [SUBJECT], [events_pb2.WeightsPublished], got1)
+        # ack_wait 1 s: a pull the closed connection left at the server may take the next event
+        # into the void; JetStream delivers it again once its ack wait ran out
+        await first.consume("c3", [SUBJECT], [events_pb2.WeightsPublished], got1, ack_wait_s=1.0)
         await producer.publish(SUBJECT, _event(1), event_id="w/1")
         await got1.wait_for(1)
+        await asyncio.sleep(0.3)  # the ack follows the handler's return: let it reach the server
         await first.close()
         # Published while no consumer runs: must be delivered after the restart, and only it.
         await producer.publish(SUBJECT, _event(2), event_id="w/2")
         second = await _bus(nats_server_fn)
         got2 = Collector()
-        await second.consume("c3", [SUBJECT], [events_pb2.WeightsPublished], got2)
+        await second.consume("c3", [SUBJECT], [events_pb2.WeightsPublished], got2, ack_wait_s=1.0)
         await got2.wait_for(1)
         await asyncio.sleep(0.3)
         assert [e.version for e, _, _ in got2.received] == [2]  # type: ignore[attr-defined]
@@ -398,3 +401,37 @@ async def test_a_consuming_bus_purges_what_it_acknowledged_every_purge_consumed_
     finally:
         await producer.close()
         await consumer.close()
+
+
+async def test_a_lagging_consumer_whose_wildcard_matches_keeps_the_events(nats_server_fn: NatsServer) -> None:
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    producer, consumer = await _bus(nats_server_fn), await _bus(nats_server_fn)
+    got = Collector()
+    try:
+        for v in (1, 2):
+            await producer.publish(SUBJECT, _event(v), event_id=f"w/{v}")
+        await consumer.consume("c-exact", [SUBJECT], [events_pb2.WeightsPublished], got)
+        await got.wait_for(2)
+        await asyncio.sleep(0.3)
+        stream = stream_name("trainer")
+        lagging = ConsumerConfig(
+            durable_name="lagging", filter_subject="openforge.trainer.v1.>", ack_policy=AckPolicy.EXPLICIT
+        )
+        await consumer.js.add_consumer(stream, lagging)  # reads the same events, has acknowledged none
+        assert await consumer.purge_consumed() == 0
+        await consumer.js.delete_consumer(stream, "lagging")
+        assert await consumer.purge_consumed() == 2
+    finally:
+        await producer.close()
+        await consumer.close()
+
+
+def test_subject_matching_follows_nats_wildcards() -> None:
+    s = "openforge.proxy.v1.call_recorded"
+    assert events.subject_matches(s, s) and events.subject_matches("openforge.proxy.v1.>", s)
+    assert events.subject_matches("openforge.*.v1.call_recorded", s) and events.subject_matches(">", s)
+    assert not events.subject_matches("openforge.proxy.v1", s) and not events.subject_matches(
+        "openforge.proxy.v1.*.x", s
+    )
+    assert not events.subject_matches("openforge.proxy.v1.call_recorded.>", s)

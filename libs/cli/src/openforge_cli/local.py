@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -57,12 +57,15 @@ class ProcessInfo:
         pid: Process id; also its process group id.
         address: ``host:port`` (gRPC) or the NATS URL.
         log: Log file.
+        stop_extra_s: Seconds ``down`` waits for it to exit beyond the stop grace (the
+            orchestrator's drain of running rollouts).
     """
 
     name: str
     pid: int
     address: str
     log: str
+    stop_extra_s: float = 0.0
 
 
 @dataclass
@@ -238,14 +241,15 @@ def stopping(state_dir: Path) -> bool:
     return (state_dir / STOPPING_FILE).exists()
 
 
-def wait_down(state_dir: Path, timeout_s: float) -> bool:
+def wait_down(state_dir: Path, timeout_s: float, cancel: threading.Event | None = None) -> bool:
     """Waits until a ``down`` running elsewhere has stopped ``state_dir``'s services (True), or
-    ``timeout_s`` seconds passed (False)."""
+    ``timeout_s`` seconds passed or ``cancel`` was set (False)."""
     deadline = time.monotonic() + timeout_s
     while UpState.load(state_dir) is not None:
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or (cancel is not None and cancel.wait(0.2)):
             return False
-        time.sleep(0.2)
+        if cancel is None:
+            time.sleep(0.2)
     return True
 
 
@@ -414,7 +418,8 @@ def up(
             p = _spawn([sys.executable, "-m", module], svc_env, log)
             procs[name] = p
             launches[name] = ([sys.executable, "-m", module], svc_env)
-            state.processes.append(ProcessInfo(name, p.pid, addresses[name], str(log)))
+            extra_s = drain_wait_s(svc_env) if name == "orchestrator" else 0.0
+            state.processes.append(ProcessInfo(name, p.pid, addresses[name], str(log), extra_s))
         state.save(state_dir)
         asyncio.run(_wait_all(addresses, {n: procs[n] for n in addresses}, timeout_s))
         if supervise:
@@ -478,16 +483,27 @@ DRAIN_ENV = "OPENFORGE_SCHEDULER__DRAIN_S"
 DRAIN_WAIT_S = 45.0
 
 
+def drain_wait_s(env: Mapping[str, str]) -> float:
+    """How long ``down`` waits for an orchestrator started with ``env`` to drain, seconds."""
+    try:
+        return float(env[DRAIN_ENV])
+    except (KeyError, ValueError):  # unset, or refused by the orchestrator's own settings
+        return DRAIN_WAIT_S
+
+
 def down(state_dir: Path, grace_s: float = 15.0) -> list[str]:
     """Stops everything ``up`` started from ``state_dir``, in order, each stage once the one
     before it exited (SIGTERM, SIGKILL after the stage's grace):
 
     1. the trainer: nothing new is submitted;
-    2. the orchestrator, which lets its running rollouts finish (its ``scheduler.drain_s``; they
-       still need the proxy, the engine and the store) and cancels the ones not started;
-    3. the proxy and inference;
+    2. the orchestrator, which lets its running rollouts finish (its ``scheduler.drain_s``,
+       waited for as recorded at ``up``; they still need the proxy, the engine and the store)
+       and cancels the ones not started;
+    3. the proxy, inference and any other service;
     4. the trajectory store, once it has ingested every event in JetStream (at most ``grace_s``);
     5. NATS.
+
+    A KeyboardInterrupt (a second Ctrl-C) while it waits SIGKILLs what is left, then is raised.
 
     Returns:
         Names of the processes that were still running and got stopped.
@@ -500,28 +516,34 @@ def down(state_dir: Path, grace_s: float = 15.0) -> list[str]:
         return []
     (state_dir / STOPPING_FILE).touch()  # a supervisor in another process restarts nothing now
     stopped = [p.name for p in state.processes if _alive(p.pid)]
-    drain_wait_s = max(DRAIN_WAIT_S, float(os.environ.get(DRAIN_ENV) or 0))
-    stages: list[tuple[set[str], float]] = [
-        ({"trainer"}, grace_s),
-        ({"orchestrator"}, grace_s + drain_wait_s),
-        ({"proxy", "inference"}, grace_s),
+    last = {"trajectory-store", "nats"}
+    stages = [
+        [p for p in state.processes if p.name == "trainer"],
+        [p for p in state.processes if p.name == "orchestrator"],
+        [p for p in state.processes if p.name not in {"trainer", "orchestrator", *last}],
     ]
-    for names, stage_grace_s in stages:
-        stage = [p for p in state.processes if p.name in names]
-        for p in stage:  # SIGTERM to all of a stage at once, so their grace periods overlap
+    try:
+        for stage in stages:
+            for p in stage:  # SIGTERM to all of a stage at once, so their grace periods overlap
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
+            for p in stage:
+                stop_group(p.pid, grace_s + p.stop_extra_s)
+        for p in state.processes:
+            if p.name == "trajectory-store":
+                if _alive(p.pid):
+                    wait_store_drained(state.nats_url, grace_s)
+                stop_group(p.pid, grace_s)
+        for p in state.processes:
+            if p.name == "nats":
+                stop_group(p.pid, grace_s)
+    except KeyboardInterrupt:
+        for p in state.processes:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in stage:
-            stop_group(p.pid, stage_grace_s)
-    for p in state.processes:
-        if p.name == "trajectory-store":
-            if _alive(p.pid):
-                wait_store_drained(state.nats_url, grace_s)
-            stop_group(p.pid, grace_s)
-    for p in state.processes:
-        if p.name == "nats":
-            stop_group(p.pid, grace_s)
-    (state_dir / STATE_FILE).unlink(missing_ok=True)
+                os.killpg(p.pid, signal.SIGKILL)
+        raise
+    finally:
+        (state_dir / STATE_FILE).unlink(missing_ok=True)
     return stopped
 
 

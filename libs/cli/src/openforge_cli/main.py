@@ -89,7 +89,7 @@ def up(
         signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(0.5):
         if local.stopping(state_dir):  # `openforge down` from another terminal
-            done = local.wait_down(state_dir, timeout_s=300)  # the supervisor reaps what it stops
+            done = local.wait_down(state_dir, timeout_s=300, cancel=stop)  # the supervisor reaps what it stops
             supervisor = local.supervisor_of(state_dir)
             if supervisor is not None:
                 supervisor.stop()

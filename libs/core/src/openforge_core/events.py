@@ -37,7 +37,15 @@ import nats
 import structlog
 from google.protobuf.message import DecodeError, Message
 from nats.aio.client import Client as NatsClient
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, DiscardPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    ConsumerInfo,
+    DeliverPolicy,
+    DiscardPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 from opentelemetry import context as otel_context
@@ -375,7 +383,8 @@ class EventBus:
                 instead of ``handler`` when given.
             dead_letter_domain: Domain whose ``dead_letter`` subject receives rejects.
             batch: Messages fetched per pull.
-            max_deliver: Deliveries before JetStream gives up on a message.
+            max_deliver: Deliveries after which a failing message is dead-lettered (JetStream
+                itself redelivers without limit, so none is dropped unhandled).
             ack_wait_s: Seconds before an unacked message is redelivered.
             nak_delay_s: Redelivery delay after a first transient handler error, seconds.
 
@@ -396,13 +405,14 @@ class EventBus:
                 config=ConsumerConfig(
                     ack_policy=AckPolicy.EXPLICIT,
                     deliver_policy=DeliverPolicy.ALL,
-                    max_deliver=max_deliver,
+                    max_deliver=-1,  # redelivered until handled: dead-lettered here at max_deliver
                     ack_wait=ack_wait_s,
                 ),
             )
             # an existing durable keeps the max_deliver it was created with: dead-letter by that one
             info = await sub.consumer_info()
-            server_max = info.config.max_deliver if info.config and info.config.max_deliver else max_deliver
+            have = info.config.max_deliver if info.config is not None else None
+            server_max = have if have is not None and have > 0 else max_deliver
             loop = _PullLoop(
                 self, sub, name, by_name, handler, batch_handler, dead_letter_domain, nak_delay_s, server_max
             )
@@ -415,13 +425,16 @@ class EventBus:
             self._tasks.append(self._purger)
 
     async def purge_consumed(self, streams: Iterable[str] | None = None) -> int:
-        """Removes the events every consumer of their subject has acknowledged.
+        """Removes the events every consumer that reads them has acknowledged.
 
-        Per stream (default: those this bus consumes) and per subject some consumer filters on,
-        the events of that subject at or below the lowest ack floor of the consumers that read it
-        (filtering on it, or on the whole stream) are purged. Unacknowledged, naked or
-        redelivered events stay, and so do subjects no consumer reads (dead letters). Purged
-        events stay de-duplicated by id for the stream's window.
+        Per stream (default: those this bus consumes) and per subject stored in it, the events
+        at or below the lowest ack floor of the consumers whose filters match the subject (NATS
+        wildcards included; a consumer without a filter reads every subject) are purged. A
+        subject no consumer reads (dead letters) is kept, and so is one read by a consumer with a
+        finite ``max_deliver`` (JetStream moves its ack floor past a message whose deliveries ran
+        out unacknowledged; this bus's consumers redeliver without limit and dead-letter in the
+        application instead). Unacknowledged and naked events stay. A durable created later with
+        deliver-all does not see purged events.
 
         Returns:
             Events removed (less any published meanwhile).
@@ -429,18 +442,17 @@ class EventBus:
         removed = 0
         for stream in sorted(self._consumed if streams is None else streams):
             consumers = await self.js.consumers_info(stream)
-            floors: dict[str, list[int]] = {}
-            whole: list[int] = []
-            for c in consumers:
-                floor = c.ack_floor.stream_seq if c.ack_floor is not None else 0
-                subject = c.config.filter_subject if c.config is not None else None
-                (floors.setdefault(subject, []) if subject else whole).append(floor)
-            before = (await self.js.stream_info(stream)).state.messages
-            for subject, subject_floors in sorted(floors.items()):
-                floor = min([*subject_floors, *whole])
+            if not consumers:
+                continue
+            info = await self.js.stream_info(stream, subjects_filter=">")
+            for subject in sorted(info.state.subjects or {}):
+                readers = [c for c in consumers if _reads(c, subject)]
+                if not readers or any(_may_drop(c) for c in readers):
+                    continue
+                floor = min(c.ack_floor.stream_seq if c.ack_floor is not None else 0 for c in readers)
                 if floor > 0:
                     await self.js.purge_stream(stream, seq=floor + 1, subject=subject)
-            removed += max(before - (await self.js.stream_info(stream)).state.messages, 0)
+            removed += max(info.state.messages - (await self.js.stream_info(stream)).state.messages, 0)
         if removed:
             log.info("nats.consumed_purged", events=removed)
         return removed
@@ -470,6 +482,28 @@ class EventBus:
             await self._nc.close()
         self._nc = None
         self._js = None
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: ``*`` matches one token, a final ``>`` one or more."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or token not in ("*", have[i]):
+            return False
+    return len(want) == len(have)
+
+
+def _reads(consumer: ConsumerInfo, subject: str) -> bool:
+    cfg = consumer.config
+    filters = [*(cfg.filter_subjects or []), *([cfg.filter_subject] if cfg.filter_subject else [])] if cfg else []
+    return not filters or any(subject_matches(f, subject) for f in filters)
+
+
+def _may_drop(consumer: ConsumerInfo) -> bool:
+    """Whether JetStream may have dropped a message of this consumer unacknowledged."""
+    return consumer.config is not None and (consumer.config.max_deliver or 0) > 0
 
 
 class _PullLoop:

@@ -53,8 +53,9 @@ class NatsSettings(SettingsSection):
             the harness retries the call.
         stream_max_bytes: Size at which a stream this service creates refuses new events
             (discard ``new``: nothing stored is ever dropped to make room; a refused call record
-            is answered 503). Consumed events stay in the stream until ``stream_max_age_s``
-            removes them or ``purge_consumed_s`` removes them once acknowledged. 0 = no limit.
+            is answered 503). Events leave the stream by ``stream_max_age_s`` or, once every
+            consumer acknowledged them, by ``purge_consumed_s``; in a stream nobody consumes the
+            limit is a lifetime cap (then every publish fails until it is raised). 0 = no limit.
         stream_max_age_s: Age after which events are removed whether consumed or not, seconds
             (the one limit that can drop an event the store never read: set it well above the
             longest time the store may be down). 0 = no limit.

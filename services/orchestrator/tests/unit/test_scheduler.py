@@ -25,8 +25,11 @@ from openforge_orchestrator.domain.verifier import Reward
 class Events:
     def __init__(self) -> None:
         self.log: list[tuple[str, Rollout]] = []
+        self.recorded = asyncio.Event()  # cleared: a submit waits for its event to be acknowledged
+        self.recorded.set()
 
     async def submitted(self, request_id: str, rollouts: list[Rollout]) -> None:
+        await self.recorded.wait()
         self.log += [("submitted", r) for r in rollouts]
 
     async def started(self, rollout: Rollout) -> None:
@@ -281,6 +284,20 @@ async def test_drain_lets_running_rollouts_finish_and_cancels_waiting_ones(tmp_p
     await sched.close()
     s = reg.get(stuck.rollout_id)
     assert s.status is RolloutStatus.CANCELLED and s.failure_reason == CLOSING_REASON
+
+
+async def test_a_submit_still_being_recorded_when_the_drain_begins_never_starts(tmp_path: Path) -> None:
+    from openforge_orchestrator.domain.scheduler import STOPPING_REASON
+
+    sched, _, backend, events = _stack(tmp_path, ["a"])
+    events.recorded.clear()
+    submit = asyncio.create_task(_submit(sched, ["a"], n=2))
+    await asyncio.sleep(0.05)
+    await sched.drain(grace_s=1.0)  # nothing is running yet: returns at once
+    events.recorded.set()
+    created = await submit
+    assert [r.status for r in created] == [RolloutStatus.CANCELLED] * 2
+    assert {r.failure_reason for r in created} == {STOPPING_REASON} and backend.attempts == {}
 
 
 async def test_unknown_task_is_refused_at_submit(tmp_path: Path) -> None:

@@ -77,9 +77,13 @@ class Scheduler:
             self._validate_harness(str(request.get("harness", "")))
         created = await self._registry.submit(**request, validate_task=self._validate_task)
         for r in created:
-            if r.rollout_id not in self._tasks and r.status is RolloutStatus.PENDING:
-                self._tasks[r.rollout_id] = asyncio.create_task(self._run(r), name=f"rollout-{r.rollout_id}")
-        return created
+            if r.rollout_id in self._tasks or r.status is not RolloutStatus.PENDING:
+                continue
+            if self._draining:  # the drain began while this submit was being recorded: never start it
+                await self._registry.cancel(r.rollout_id, STOPPING_REASON)
+                continue
+            self._tasks[r.rollout_id] = asyncio.create_task(self._run(r), name=f"rollout-{r.rollout_id}")
+        return [self._registry.get(r.rollout_id) for r in created]
 
     async def _run(self, rollout: Rollout) -> None:
         key = f"{rollout.task_set}/{rollout.task_id}"
@@ -95,7 +99,8 @@ class Scheduler:
                     self.running -= 1
         except asyncio.CancelledError:
             if not self._registry.get(rollout.rollout_id).status.terminal:  # cancelled while waiting
-                await self._registry.cancel(rollout.rollout_id, self._executor.pop_cancel(rollout.rollout_id))
+                reason = self._executor.pop_cancel(rollout.rollout_id)
+                await asyncio.shield(self._registry.cancel(rollout.rollout_id, reason))
         except Exception:
             log.exception(LOG_CRASHED, rollout_id=rollout.rollout_id)
             await self._registry.finish(
@@ -145,7 +150,7 @@ class Scheduler:
         tasks = list(self._tasks.values())
         for rid, t in list(self._tasks.items()):
             if not t.done():
-                self._executor.note_cancel(rid, CLOSING_REASON)
+                self._executor.note_cancel(rid, CLOSING_REASON if rid in self._started else STOPPING_REASON)
             t.cancel()
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
