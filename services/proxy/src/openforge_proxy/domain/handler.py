@@ -802,7 +802,13 @@ class CallHandler:
                 if responder.client_gone():
                     raise ClientGone()
             except ClientGone:
-                log.info(EV_CLIENT_GONE, call_id=p.call_id, attempt=p.attempt, after_record=True)
+                log.info(
+                    EV_CLIENT_GONE,
+                    rollout_id=p.session.rollout_id,
+                    call_id=p.call_id,
+                    attempt=p.attempt,
+                    after_record=True,
+                )
                 p.state.splicer.undelivered(turn_id)
                 return
             log.info(
