@@ -164,8 +164,8 @@ def test_a_service_killed_mid_run_is_restarted_and_the_run_finishes_clean(tmp_pa
             assert sampled == {c.call_id for c in calls if not c.error and max(c.rollout_attempt, 1) == last}
     finally:
         repo.close()
-    text = (state / "logs" / "proxy.log").read_text()
-    lines = [json.loads(line) for line in text.splitlines() if '"call.done"' in line or '"call.client_gone"' in line]
+    proxy_lines = (state / "logs" / "proxy.log").read_text().splitlines()
+    lines = [json.loads(line) for line in proxy_lines if '"call.done"' in line or '"call.client_gone"' in line]
     done = [d for d in lines if d.get("event") == "call.done"]
     # a call whose harness went away after its record was acknowledged (its sandbox's bridge died
     # with a killed orchestrator) is recorded too, though never delivered
