@@ -245,11 +245,10 @@ def wait_down(state_dir: Path, timeout_s: float, cancel: threading.Event | None 
     """Waits until a ``down`` running elsewhere has stopped ``state_dir``'s services (True), or
     ``timeout_s`` seconds passed or ``cancel`` was set (False)."""
     deadline = time.monotonic() + timeout_s
+    cancelled = cancel or threading.Event()
     while UpState.load(state_dir) is not None:
-        if time.monotonic() > deadline or (cancel is not None and cancel.wait(0.2)):
+        if time.monotonic() > deadline or cancelled.wait(0.2):
             return False
-        if cancel is None:
-            time.sleep(0.2)
     return True
 
 
