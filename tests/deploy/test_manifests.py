@@ -332,16 +332,44 @@ def test_rollout_pods_may_reach_the_proxy_and_nothing_else(objects: list[K8sObje
 def test_only_the_proxy_http_port_is_open_to_rollouts(objects: list[K8sObject]) -> None:
     service_policies = policies(objects, NAMESPACE)
     assert any(p["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]} for p in service_policies)
-    from_rollouts = [
-        (p["spec"]["podSelector"], rule.get("ports"))
+    from_other_namespaces = [
+        (peer["namespaceSelector"]["matchLabels"], p["spec"]["podSelector"], rule.get("ports"))
         for p in service_policies
         for rule in p["spec"].get("ingress", [])
         for peer in rule["from"]
         if "namespaceSelector" in peer
     ]
-    assert from_rollouts == [
-        ({"matchLabels": {"app.kubernetes.io/name": "proxy"}}, [{"protocol": "TCP", "port": 8080}])
-    ]
+    assert sorted(from_other_namespaces, key=str) == sorted(
+        [
+            (
+                {"kubernetes.io/metadata.name": ROLLOUTS},
+                {"matchLabels": {"app.kubernetes.io/name": "proxy"}},
+                [{"protocol": "TCP", "port": 8080}],
+            ),
+            # Prometheus, from a namespace labelled for it, on the metrics port only.
+            (
+                {"openforge.dev/scrape-metrics": "true"},
+                {"matchLabels": {"openforge.dev/tier": "service"}},
+                [{"protocol": "TCP", "port": 9464}],
+            ),
+        ],
+        key=str,
+    )
+
+
+def test_every_service_is_scraped_on_its_metrics_port(objects: list[K8sObject]) -> None:
+    for d in (find(objects, "Deployment", name) for name in SERVICES):
+        name = d["metadata"]["name"]
+        template = d["spec"]["template"]
+        annotations = template["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true", name
+        port = int(annotations["prometheus.io/port"])
+        (container,) = template["spec"]["containers"]
+        assert {"name": "metrics", "containerPort": port} in container["ports"], name
+        assert template["metadata"]["labels"]["openforge.dev/tier"] == "service", name
+        config = find(objects, "ConfigMap", container["envFrom"][0]["configMapRef"]["name"])
+        assert config["data"]["OPENFORGE_METRICS__PORT"] == str(port), name
+        assert config["data"]["OPENFORGE_METRICS__HOST"] == "0.0.0.0", name
 
 
 # --- GPU and telemetry --------------------------------------------------------------------------

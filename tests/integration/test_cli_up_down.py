@@ -8,10 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import nats
 from grpc_health.v1 import health_pb2
+from prometheus_client.parser import text_string_to_metric_families
 
 from openforge_cli import local
 from openforge_testing.servers import free_port, free_port_block
@@ -66,6 +68,22 @@ def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
             assert status == health_pb2.HealthCheckResponse.ServingStatus.Name(health_pb2.HealthCheckResponse.SERVING)
     st = _cli("status", "--state-dir", "st", cwd=tmp_path)
     assert st.returncode == 0 and st.stdout.count("SERVING") == 5
+    assert st.stdout.count(" MiB") == 5, st.stdout  # each service's memory, from its metrics
+    for p in state.processes:  # Prometheus scrapes each service: process figures, and its calls
+        if p.name != "nats":
+            with urllib.request.urlopen(f"http://{p.metrics}/metrics", timeout=5) as resp:
+                samples = [s for f in text_string_to_metric_families(resp.read().decode()) for s in f.samples]
+            found = {s.name: s for s in samples if not s.labels}
+            assert found["process_resident_memory_bytes"].value > 10 * 2**20, p.name
+            assert found["process_cpu_seconds_total"].value > 0, p.name
+            health_checks = [
+                s.value
+                for s in samples
+                if s.name == "grpc_server_handled_total"
+                and s.labels["grpc_method"] == "Check"
+                and s.labels["grpc_code"] == "OK"
+            ]
+            assert health_checks and health_checks[0] >= 2, p.name  # `up`'s wait, `local.health`, `status`
     assert asyncio.run(_max_payload(state.nats_url)) == 8 * 1024 * 1024  # as deploy/k8s's NATS
     again = _cli(
         "up",

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,6 +60,7 @@ class ProcessInfo:
         log: Log file.
         stop_extra_s: Seconds ``down`` waits for it to exit beyond the stop grace (the
             orchestrator's drain of running rollouts).
+        metrics: ``host:port`` of its Prometheus ``/metrics`` endpoint; empty for NATS.
     """
 
     name: str
@@ -66,6 +68,7 @@ class ProcessInfo:
     address: str
     log: str
     stop_extra_s: float = 0.0
+    metrics: str = ""
 
 
 @dataclass
@@ -303,6 +306,16 @@ def stop_group(pid: int, grace_s: float) -> None:
         time.sleep(0.05)
 
 
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def _wait_tcp(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
     import socket
 
@@ -343,6 +356,9 @@ def up(
     on_failure: Callable[[str], None] | None = None,
 ) -> UpState:
     """Starts NATS (unless ``nats_url``) and the five services; returns when all are SERVING.
+
+    Each service serves its Prometheus metrics on a free port of ``host``
+    (:class:`ProcessInfo` ``metrics``; :func:`status` reads them).
 
     Args:
         state_dir: Where logs, JetStream data and ``up.json`` go.
@@ -409,7 +425,14 @@ def up(
         env.update(extra_env or {})
         for i, (name, module, _) in enumerate(SERVICES):
             log = logs / f"{name}.log"
-            svc_env = {**env, "OPENFORGE_GRPC__HOST": host, "OPENFORGE_GRPC__PORT": str(base_port + i)}
+            metrics = f"{host}:{free_port(host)}"
+            svc_env = {
+                **env,
+                "OPENFORGE_GRPC__HOST": host,
+                "OPENFORGE_GRPC__PORT": str(base_port + i),
+                "OPENFORGE_METRICS__HOST": host,
+                "OPENFORGE_METRICS__PORT": metrics.rsplit(":", 1)[1],
+            }
             if name == "proxy":
                 svc_env.update({"OPENFORGE_HTTP__HOST": host, "OPENFORGE_HTTP__PORT": str(http_port)})
             if name == "orchestrator":  # sandboxes reach the proxy's harness-facing HTTP through it
@@ -418,7 +441,7 @@ def up(
             procs[name] = p
             launches[name] = ([sys.executable, "-m", module], svc_env)
             extra_s = drain_wait_s(svc_env) if name == "orchestrator" else 0.0
-            state.processes.append(ProcessInfo(name, p.pid, addresses[name], str(log), extra_s))
+            state.processes.append(ProcessInfo(name, p.pid, addresses[name], str(log), extra_s, metrics))
         state.save(state_dir)
         asyncio.run(_wait_all(addresses, {n: procs[n] for n in addresses}, timeout_s))
         if supervise:
@@ -558,13 +581,65 @@ async def health(address: str, timeout_s: float = 2.0) -> str:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
 
-def status(state_dir: Path) -> list[tuple[str, str, int, bool, str]]:
-    """Rows of (name, address, pid, alive, health) for what ``up`` started."""
+@dataclass(frozen=True)
+class Resources:
+    """A process's resource use, read from its Prometheus endpoint.
+
+    Attributes:
+        cpu_s: CPU time used since it started, seconds (user + system).
+        uptime_s: Seconds since it started.
+        rss_bytes: Resident memory now, bytes.
+    """
+
+    cpu_s: float
+    uptime_s: float
+    rss_bytes: float
+
+    def __str__(self) -> str:
+        share = self.cpu_s / self.uptime_s if self.uptime_s > 0 else 0.0
+        return f"cpu {self.cpu_s:.1f} s ({share:.0%} of a core on average)  rss {self.rss_bytes / 2**20:.0f} MiB"
+
+
+def resources(metrics: str, timeout_s: float = 2.0) -> Resources | None:
+    """Scrapes ``http://<metrics>/metrics`` (``process_*`` of ``prometheus_client``); None when
+    it cannot be read."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=timeout_s) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+    try:
+        return Resources(
+            cpu_s=values["process_cpu_seconds_total"],
+            uptime_s=time.time() - values["process_start_time_seconds"],
+            rss_bytes=values["process_resident_memory_bytes"],
+        )
+    except KeyError:
+        return None
+
+
+@dataclass(frozen=True)
+class ProcessStatus:
+    """One row of ``openforge status``: a process ``up`` started, its health and resource use."""
+
+    name: str
+    address: str
+    pid: int
+    alive: bool
+    health: str
+    resources: Resources | None = None
+
+
+def status(state_dir: Path) -> list[ProcessStatus]:
+    """A row for each process ``up`` started (empty when nothing was)."""
     state = UpState.load(state_dir)
     if state is None:
         return []
 
-    async def rows() -> list[tuple[str, str, int, bool, str]]:
+    async def rows() -> list[ProcessStatus]:
         out = []
         for p in state.processes:
             alive = _alive(p.pid)
@@ -572,7 +647,8 @@ def status(state_dir: Path) -> list[tuple[str, str, int, bool, str]]:
                 h = "RUNNING" if alive else "STOPPED"
             else:
                 h = await health(p.address) if alive else "STOPPED"
-            out.append((p.name, p.address, p.pid, alive, h))
+            use = await asyncio.to_thread(resources, p.metrics) if alive and p.metrics else None
+            out.append(ProcessStatus(p.name, p.address, p.pid, alive, h, use))
         return out
 
     return asyncio.run(rows())

@@ -127,15 +127,17 @@ def down(state_dir: Path) -> None:
     help=STATE_DIR_HELP,
 )
 def status(state_dir: Path) -> None:
-    """Show each local process and its health; exits 1 unless all are SERVING."""
+    """Show each local process, its health and its CPU and memory use; exits 1 unless all are
+    SERVING."""
     rows = local.status(state_dir)
     if not rows:
         click.echo("not up (no process list); start with `openforge up`")
         sys.exit(1)
     healthy = True
-    for name, address, pid, alive, health in rows:
-        click.echo(f"  {name:<17} {address:<24} pid {pid:<8} {health}")
-        healthy = healthy and alive and health in ("SERVING", "RUNNING")
+    for row in rows:
+        use = f"  {row.resources}" if row.resources is not None else ""
+        click.echo(f"  {row.name:<17} {row.address:<24} pid {row.pid:<8} {row.health:<12}{use}")
+        healthy = healthy and row.alive and row.health in ("SERVING", "RUNNING")
     sys.exit(0 if healthy else 1)
 
 

@@ -14,6 +14,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 import grpc
 import structlog
 
+from openforge_core.metrics import start_metrics_endpoint
 from openforge_core.rpc.server import GrpcServer, install_signal_handlers
 from openforge_core.settings import ServiceSettings
 from openforge_core.telemetry import configure_logging, configure_tracing
@@ -76,7 +77,8 @@ async def serve(settings: ServiceSettings, app: App, stop: asyncio.Event, health
     :class:`HealthReporting` it then follows ``app.healthy()`` (checked every
     ``health_check_s`` seconds): NOT_SERVING while it is false. On ``stop``, an app that is
     :class:`Draining` drains first (health NOT_SERVING, the server still answering), then the
-    server stops and the app closes.
+    server stops and the app closes. With ``settings.metrics.port`` set, its Prometheus
+    metrics are served meanwhile (:mod:`openforge_core.metrics`).
 
     Args:
         settings: The service's settings (gRPC bind address and grace period).
@@ -86,6 +88,7 @@ async def serve(settings: ServiceSettings, app: App, stop: asyncio.Event, health
     """
     server = GrpcServer(settings.grpc, app.service_names, [app.register])
     await server.start()
+    metrics = start_metrics_endpoint(settings.metrics)
     watcher: asyncio.Task[None] | None = None
     try:
         await app.start()
@@ -105,6 +108,8 @@ async def serve(settings: ServiceSettings, app: App, stop: asyncio.Event, health
             watcher.cancel()
         await server.stop()
         await app.close()
+        if metrics is not None:
+            metrics.close()
     log.info("service.stopped")
 
 

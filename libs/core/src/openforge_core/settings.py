@@ -85,6 +85,18 @@ class LogSettings(SettingsSection):
     format: Literal["json", "console"] = "json"
 
 
+class MetricsSettings(SettingsSection):
+    """Where a service serves its Prometheus metrics (``GET /metrics``).
+
+    Attributes:
+        host: Interface to bind; ``0.0.0.0`` in a container for the cluster's scraper.
+        port: TCP port; 0 picks a free one (logged as ``metrics.started``); unset: no endpoint.
+    """
+
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=0, le=65535)
+
+
 class ServiceAddresses(SettingsSection):
     """``host:port`` of each service's gRPC endpoint, as seen by this service."""
 
@@ -96,7 +108,7 @@ class ServiceAddresses(SettingsSection):
 
 
 class ServiceSettings(BaseSettings):
-    """Base of every service's settings: gRPC, NATS, logs, peer addresses.
+    """Base of every service's settings: gRPC, NATS, logs, metrics, peer addresses.
 
     Subclasses add their own fields and set ``service_name``.
     """
@@ -113,4 +125,5 @@ class ServiceSettings(BaseSettings):
     grpc: GrpcServerSettings = GrpcServerSettings()
     nats: NatsSettings = NatsSettings()
     log: LogSettings = LogSettings()
+    metrics: MetricsSettings = MetricsSettings()
     services: ServiceAddresses = ServiceAddresses()

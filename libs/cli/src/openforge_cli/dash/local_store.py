@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,13 +28,6 @@ HOST = "127.0.0.1"
 
 class StateDirError(ValueError):
     """A state folder the dashboard cannot serve (no store file, or its services are running)."""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def check_state_dir(state_dir: Path) -> Path:
@@ -116,7 +108,7 @@ def run_store(state_dir: Path, timeout_s: float = 60.0) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="openforge-dash-") as tmp_name:
         tmp = Path(tmp_name)
         try:
-            nats_port, store_port = _free_port(), _free_port()
+            nats_port, store_port = local.free_port(HOST), local.free_port(HOST)
             nats_log, store_log = tmp / "nats.log", tmp / "trajectory-store.log"
             nats = local._spawn(
                 [local._nats_binary(), "-a", HOST, "-p", str(nats_port), "-js", "-sd", str(tmp / "jetstream")],

@@ -13,8 +13,8 @@ Modeled on text-generation-inference's ``server/text_generation_server/intercept
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -24,6 +24,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from openforge_core.errors import OpenForgeError
+from openforge_core.rpc.wrap import GuardingInterceptor, wrap_handler
 
 log = structlog.get_logger(__name__)
 
@@ -69,63 +70,17 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException
     await context.abort(status.code, status.details, trailing_metadata=status.trailing_metadata)
 
 
-class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+class ErrorMappingInterceptor(GuardingInterceptor):
     """Wraps every handler so a raised exception becomes a proper status."""
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method: str = handler_call_details.method
-        if handler.unary_unary is not None:
-            inner_uu: Any = handler.unary_unary
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
+        @contextlib.asynccontextmanager
+        async def mapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
+            try:
+                yield
+            except (grpc.aio.AbortError, grpc.aio.UsageError):
+                raise
+            except Exception as exc:
+                await _abort(context, exc, method)
 
-            async def unary_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                try:
-                    return await inner_uu(request, context)
-                except (grpc.aio.AbortError, grpc.aio.UsageError):
-                    raise
-                except Exception as exc:
-                    await _abort(context, exc, method)
-
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            inner_us: Any = handler.unary_stream
-            stream_handler: Any
-            if inspect.isasyncgenfunction(inner_us):
-
-                async def unary_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-                    try:
-                        async for item in inner_us(request, context):
-                            yield item
-                    except (grpc.aio.AbortError, grpc.aio.UsageError):
-                        raise
-                    except Exception as exc:
-                        await _abort(context, exc, method)
-
-                stream_handler = unary_stream
-            else:
-                # A coroutine handler that streams with context.write() (e.g. Health.Watch).
-                async def unary_stream_writer(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-                    try:
-                        await inner_us(request, context)
-                    except (grpc.aio.AbortError, grpc.aio.UsageError):
-                        raise
-                    except Exception as exc:
-                        await _abort(context, exc, method)
-
-                stream_handler = unary_stream_writer
-            return grpc.unary_stream_rpc_method_handler(
-                stream_handler,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        return wrap_handler(handler, mapped)

@@ -11,6 +11,8 @@
   not decode, or whose string fields break :mod:`openforge_core.field_rules`, is
   INVALID_ARGUMENT with a field violation before any handler runs, and the OpenTelemetry aio
   server interceptor for traces.
+* :class:`~openforge_core.metrics.MetricsInterceptor` (outermost) counts and times every call
+  for Prometheus (:mod:`openforge_core.metrics`).
 * Graceful shutdown: on SIGTERM or SIGINT, health turns NOT_SERVING
   (``enter_graceful_shutdown``), then ``stop(grace)`` lets in-flight RPCs finish
   for ``graceful_shutdown_s`` seconds.
@@ -28,6 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
+from openforge_core.metrics import GrpcServerMetrics, MetricsInterceptor, default_grpc_metrics
 from openforge_core.rpc.interceptor import ErrorMappingInterceptor
 from openforge_core.rpc.validation import RequestValidationInterceptor
 from openforge_core.settings import GrpcServerSettings
@@ -47,6 +50,8 @@ class GrpcServer:
         service_names: Full names of the services registered (for health and
             reflection), e.g. ``"openforge.proxy.v1.ProxyService"``.
         register: Callables that add servicers to the server.
+        metrics: Where its calls are counted (default: the process's
+            :func:`~openforge_core.metrics.default_grpc_metrics`).
     """
 
     def __init__(
@@ -54,6 +59,7 @@ class GrpcServer:
         settings: GrpcServerSettings,
         service_names: Iterable[str],
         register: Iterable[Registrar],
+        metrics: GrpcServerMetrics | None = None,
     ) -> None:
         self._settings = settings
         self._names = list(service_names)
@@ -64,6 +70,7 @@ class GrpcServer:
             ("grpc.so_reuseport", 0),
         ]
         interceptors: list[grpc.aio.ServerInterceptor] = [
+            MetricsInterceptor(metrics or default_grpc_metrics()),
             # Health checks are not traced (and Health.Watch streams with context.write,
             # which the OpenTelemetry stream wrapper does not support).
             aio_server_interceptor(filter_=filters.negate(filters.service_name(HEALTH_SERVICE))),

@@ -15,8 +15,8 @@ Streaming-request methods (only server reflection) keep their own deserializer.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError, Message
 from openforge_core import field_rules
 from openforge_core.errors import FieldViolation, InvalidArgument
 from openforge_core.protowire import I32, I64, LEN, VARINT, read_varint
+from openforge_core.rpc.wrap import GuardingInterceptor, wrap_handler
 
 
 @dataclass(frozen=True)
@@ -142,50 +143,20 @@ def _descriptor(deserializer: Any) -> Descriptor | None:
     return desc if isinstance(desc, Descriptor) else None
 
 
-class RequestValidationInterceptor(grpc.aio.ServerInterceptor):
+class RequestValidationInterceptor(GuardingInterceptor):
     """Checks every unary request before its handler runs (see the module docstring).
 
     Place it after the error-mapping interceptor, so the InvalidArgument it raises is mapped.
     """
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None:
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
+        if handler.request_deserializer is None:
             return handler
         deserializer = tolerant(handler.request_deserializer, _descriptor(handler.request_deserializer))
-        if handler.unary_unary is not None:
-            inner_uu: Any = handler.unary_unary
 
-            async def unary_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                check_request(request)
-                return await inner_uu(request, context)
+        @contextlib.asynccontextmanager
+        async def checked(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
+            check_request(request)
+            yield
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary, request_deserializer=deserializer, response_serializer=handler.response_serializer
-            )
-        if handler.unary_stream is not None:
-            inner_us: Any = handler.unary_stream
-            stream_handler: Any
-            if inspect.isasyncgenfunction(inner_us):
-
-                async def unary_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-                    check_request(request)
-                    async for item in inner_us(request, context):
-                        yield item
-
-                stream_handler = unary_stream
-            else:
-                # A coroutine handler that streams with context.write() (e.g. Health.Watch).
-                async def unary_stream_writer(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-                    check_request(request)
-                    await inner_us(request, context)
-
-                stream_handler = unary_stream_writer
-            return grpc.unary_stream_rpc_method_handler(
-                stream_handler, request_deserializer=deserializer, response_serializer=handler.response_serializer
-            )
-        return handler
+        return wrap_handler(handler, checked, deserializer)
