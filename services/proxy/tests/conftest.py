@@ -17,12 +17,14 @@ from typing import Any
 import aiohttp
 import pytest
 from multidict import CIMultiDict
+from prometheus_client import CollectorRegistry
 
 from openforge_proxy.adapters.inference import GrpcEngine
 from openforge_proxy.domain.handler import OFFLOAD_MIN_BYTES, CallHandler
 from openforge_proxy.domain.record import CallRecordData
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.sessions import Limits, SessionRegistry
+from openforge_proxy.http.metrics import HttpMetrics
 from openforge_proxy.http.server import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, HttpServer
 from openforge_testing.captures import CAPTURES
 from openforge_testing.fakes import ScriptedInferenceServer, build_fake_model_dir
@@ -125,6 +127,7 @@ class InProcessProxy:
         self.http: HttpServer | None = None
         self.client: aiohttp.ClientSession | None = None
         self.runtime: ModelRuntime | None = None
+        self.metrics_registry = CollectorRegistry()
 
     async def start(self) -> InProcessProxy:
         await self.fake.start()
@@ -146,6 +149,7 @@ class InProcessProxy:
             self._max_body,
             header_timeout_s=self._header_timeout_s,
             body_timeout_s=self._body_timeout_s,
+            metrics=HttpMetrics(self.metrics_registry),
         )
         await self.http.start()
         self.client = aiohttp.ClientSession(auto_decompress=False)

@@ -10,6 +10,7 @@ from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from openforge_core.events import EventBus
 from openforge_orchestrator.adapters.events import NatsRolloutEvents
 from openforge_orchestrator.adapters.inference import InferencePolicy
+from openforge_orchestrator.adapters.metrics import MeteredRolloutEvents, default_rollout_metrics
 from openforge_orchestrator.adapters.proxy import ProxySessions
 from openforge_orchestrator.backends import build_backend
 from openforge_orchestrator.domain.execution import ExecutionSettings, RolloutExecutor
@@ -45,7 +46,8 @@ class OrchestratorApp:
         self.service_names = [orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"].full_name]
         self.settings = settings
         self.events = EventBus(settings.nats)
-        self.rollouts = RolloutRegistry(NatsRolloutEvents(self.events))
+        metrics = default_rollout_metrics()
+        self.rollouts = RolloutRegistry(MeteredRolloutEvents(NatsRolloutEvents(self.events), metrics))
         self.tasks = TaskCatalog(Path(settings.tasks.root))
         self.backend = backend_from_settings(settings)
         self.sessions = ProxySessions(settings.services.proxy)
@@ -75,6 +77,7 @@ class OrchestratorApp:
             validate_task=self._validate_task,
             validate_harness=launches.check_installed,
         )
+        metrics.watch_queue(lambda: self.scheduler.running, lambda: self.scheduler.waiting)
 
     def _validate_task(self, ref: TaskRef) -> None:
         self.tasks.get(ref.task_set, ref.task_id)

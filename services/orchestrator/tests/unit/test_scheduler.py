@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from openforge_orchestrator.adapters.metrics import MeteredRolloutEvents, RolloutMetrics
 from openforge_orchestrator.domain.execution import ExecutionSettings, RolloutExecutor
 from openforge_orchestrator.domain.rollouts import Rollout, RolloutRegistry, RolloutStatus, TaskRef
 from openforge_orchestrator.domain.sandbox import ExecutionPlan, ExecutionResult, HarnessLaunch, SandboxStartError
@@ -148,7 +150,8 @@ def _recorded(waits: list[float]) -> Callable[[float], Awaitable[None]]:
 
 def _stack(tmp_path: Path, names: list[str], **kw: Any) -> tuple[Scheduler, RolloutRegistry, FakeBackend, Events]:
     events = Events()
-    reg = RolloutRegistry(events)
+    metrics: RolloutMetrics | None = kw.pop("metrics", None)
+    reg = RolloutRegistry(events if metrics is None else MeteredRolloutEvents(events, metrics))
     sessions = FakeSessions()
     backend = FakeBackend(sessions)
     catalog = _catalog(tmp_path, names)
@@ -207,6 +210,30 @@ async def test_global_and_per_task_limits(tmp_path: Path) -> None:
     done = await _done(reg, [c.rollout_id for c in created])
     assert all(r.status is RolloutStatus.SUCCEEDED and r.reward == 1.0 and r.calls == 2 for r in done)
     assert backend.peak == 4
+
+
+async def test_rollouts_are_counted_by_harness_and_outcome_and_the_queue_is_read_live(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    metrics = RolloutMetrics(registry)
+    sched, reg, backend, _ = _stack(tmp_path, ["a", "timeout"], max_concurrent=1, metrics=metrics)
+    metrics.watch_queue(lambda: sched.running, lambda: sched.waiting)
+    backend.gate.clear()
+    created = await _submit(sched, ["a", "timeout"], n=2)
+    await asyncio.sleep(0.1)
+
+    def value(name: str, **labels: str) -> float | None:
+        found: float | None = registry.get_sample_value(name, labels)
+        return found
+
+    assert (value("openforge_rollouts_running"), value("openforge_rollouts_waiting")) == (1, 3)
+    assert value("openforge_rollouts_submitted_total", harness="command") == 4
+    backend.gate.set()
+    await _done(reg, [c.rollout_id for c in created])
+    assert value("openforge_rollouts_started_total", harness="command") == 4
+    assert value("openforge_rollouts_finished_total", harness="command", status="succeeded") == 2
+    assert value("openforge_rollouts_finished_total", harness="command", status="timed_out") == 2
+    assert value("openforge_rollout_duration_seconds_count", harness="command", status="timed_out") == 2
+    assert (value("openforge_rollouts_running"), value("openforge_rollouts_waiting")) == (0, 0)
 
 
 async def test_outcomes_and_retries(tmp_path: Path) -> None:

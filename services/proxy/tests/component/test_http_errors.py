@@ -123,6 +123,22 @@ async def test_bad_json_too_large_and_unknown_model(model_dir: Path, start_proxy
     missing = await proxy.post(MESSAGES, {"model": "policy-model", "max_tokens": 5}, key=key)
     assert_anthropic_error(missing, 400, "invalid_request_error")
     assert proxy.recorder.records == []
+    # each refusal is counted by route and status for Prometheus (openforge_proxy.http.metrics)
+    answers = {
+        (s.labels["route"], s.labels["status"]): s.value
+        for f in proxy.metrics_registry.collect()
+        if f.name == "openforge_proxy_http_responses"
+        for s in f.samples
+        if s.name.endswith("_total")
+    }
+    assert answers == {
+        ("/messages", "400"): 2,
+        ("/messages", "413"): 1,
+        ("/messages", "404"): 1,
+        ("/responses", "400"): 1,
+        ("/chat/completions", "413"): 1,
+        ("/chat/completions", "404"): 1,
+    }
 
 
 def assert_failed(rec: Any, status: int, *, attempt: int = 1, finish: Finish = Finish.ERROR) -> None:

@@ -64,6 +64,11 @@ class Scheduler:
         self.running = 0
         self.peak_running = 0
 
+    @property
+    def waiting(self) -> int:
+        """Rollouts accepted and waiting for a slot."""
+        return len(self._tasks) - len(self._started)
+
     async def submit(self, **request: Any) -> list[Rollout]:
         """Accepts rollouts (see :meth:`RolloutRegistry.submit`) and schedules the new ones.
 

@@ -65,6 +65,7 @@ from openforge_proxy.domain.handler import (
 )
 from openforge_proxy.domain.output import ApiError, ErrorKind
 from openforge_proxy.domain.protocols import dumps
+from openforge_proxy.http.metrics import HttpMetrics, default_http_metrics
 
 log = structlog.get_logger(__name__)
 
@@ -456,6 +457,8 @@ class HttpServer:
         header_timeout_s: Most seconds for a request's line and headers to arrive (0 = none).
         body_timeout_s: Most seconds for a request's body to arrive once its headers did
             (0 = none).
+        metrics: Where answers are counted (default: the process's
+            :func:`~openforge_proxy.http.metrics.default_http_metrics`).
     """
 
     def __init__(
@@ -467,8 +470,10 @@ class HttpServer:
         *,
         header_timeout_s: float = HEADER_TIMEOUT_S,
         body_timeout_s: float = BODY_TIMEOUT_S,
+        metrics: HttpMetrics | None = None,
     ) -> None:
         self._handler = handler
+        self._metrics = metrics or default_http_metrics()
         self._host = host
         self._port = port
         self._limit = max_body_bytes
@@ -507,9 +512,15 @@ class HttpServer:
         connection = request.protocol
         if isinstance(connection, _Connection):
             connection.headers_received()
+        t0 = time.monotonic()
+        status = 500
         try:
-            return await self._serve(request)
+            resp = await self._serve(request)
+            status = resp.status
+            return resp
         finally:
+            found = route(request.path)
+            self._metrics.observe(found[0] if found else "other", status, time.monotonic() - t0)
             # a body left unread (refused while read) is read and dropped by aiohttp, then the
             # connection is closed: those bytes begin no request
             if isinstance(connection, _Connection) and request.content.is_eof():

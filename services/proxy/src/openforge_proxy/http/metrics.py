@@ -1,0 +1,49 @@
+"""The proxy's Prometheus metrics of its harness-facing HTTP server.
+
+``openforge_proxy_http_responses_total{route, status}`` counts every answer (``route`` is the
+API route's suffix, e.g. ``/messages``, ``/chat/completions``, ``/responses``, or ``other``;
+``status`` the HTTP status sent, 499 when the client left before any), so refused calls show
+up by cause (400 bad request, 413 too large, 408 too slow, 429/503 no capacity...);
+``openforge_proxy_http_request_seconds{route}`` is the histogram of the time from the request's
+headers to the handler's end (for a stream, its last byte). Served with the process and gRPC
+metrics (:mod:`openforge_core.metrics`) when ``OPENFORGE_METRICS__PORT`` is set.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+
+#: Bucket bounds of ``openforge_proxy_http_request_seconds``, seconds.
+REQUEST_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class HttpMetrics:
+    """The HTTP server's counter and histogram, in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.responses = Counter(
+            "openforge_proxy_http_responses_total",
+            "Harness-facing HTTP answers, by route and status.",
+            ("route", "status"),
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "openforge_proxy_http_request_seconds",
+            "Harness-facing HTTP request time, headers to the handler's end, seconds.",
+            ("route",),
+            buckets=REQUEST_BUCKETS_S,
+            registry=registry,
+        )
+
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        """Counts one answer."""
+        self.responses.labels(route, str(status)).inc()
+        self.seconds.labels(route).observe(seconds)
+
+
+@cache
+def default_http_metrics() -> HttpMetrics:
+    """The process's one set of HTTP metrics, in ``prometheus_client``'s default registry."""
+    return HttpMetrics(REGISTRY)
