@@ -5,6 +5,7 @@ from __future__ import annotations
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from openforge.common.v1 import common_pb2
+from openforge_core.timestamps import to_timestamp
 from openforge_orchestrator.domain.rollouts import Rollout, RolloutStatus
 
 STATUS_TO_PROTO = {
@@ -18,11 +19,7 @@ STATUS_TO_PROTO = {
 
 
 def _ts(unix_s: float) -> Timestamp | None:
-    if not unix_s:
-        return None
-    ts = Timestamp()
-    ts.FromNanoseconds(int(unix_s * 1e9))
-    return ts
+    return to_timestamp(unix_s) if unix_s else None
 
 
 def rollout_to_proto(r: Rollout) -> common_pb2.Rollout:

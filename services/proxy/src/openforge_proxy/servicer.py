@@ -6,11 +6,11 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from openforge_core.field_rules import require
+from openforge_core.timestamps import to_timestamp
 from openforge_proxy.domain.sessions import Limits, Session, SessionRegistry, SessionState
 
 _STATES = {
@@ -18,12 +18,6 @@ _STATES = {
     SessionState.CLOSED: proxy_pb2.SESSION_STATE_CLOSED,
     SessionState.EXPIRED: proxy_pb2.SESSION_STATE_EXPIRED,
 }
-
-
-def _ts(unix_s: float) -> Timestamp:
-    ts = Timestamp()
-    ts.FromNanoseconds(int(unix_s * 1e9))
-    return ts
 
 
 def session_to_proto(s: Session) -> proxy_pb2.Session:
@@ -34,7 +28,7 @@ def session_to_proto(s: Session) -> proxy_pb2.Session:
         max_total_tokens=s.limits.max_total_tokens,
     )
     if s.limits.deadline:
-        limits.deadline.CopyFrom(_ts(s.limits.deadline))
+        limits.deadline.CopyFrom(to_timestamp(s.limits.deadline))
     return proxy_pb2.Session(
         rollout_id=s.rollout_id,
         run_id=s.run_id,
@@ -42,8 +36,8 @@ def session_to_proto(s: Session) -> proxy_pb2.Session:
         limits=limits,
         sampling=json_format.ParseDict(s.sampling, common_pb2.SamplingParams()),
         state=_STATES[s.state],
-        create_time=_ts(s.create_time),
-        expire_time=_ts(s.expire_time),
+        create_time=to_timestamp(s.create_time),
+        expire_time=to_timestamp(s.expire_time),
         calls=s.calls,
         total_tokens=s.total_tokens,
         rollout_attempt=s.rollout_attempt,

@@ -7,10 +7,10 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format, struct_pb2
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from openforge.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from openforge_core.field_rules import require
+from openforge_core.timestamps import to_timestamp
 from openforge_trainer.domain.runs import Run, RunManager, RunState
 
 _STATES = {
@@ -22,12 +22,6 @@ _STATES = {
 }
 
 
-def _timestamp(seconds: float) -> Timestamp:
-    ts = Timestamp()
-    ts.FromNanoseconds(int(seconds * 1e9))
-    return ts
-
-
 def run_to_proto(run: Run) -> trainer_pb2.Run:
     """Domain run → proto."""
     return trainer_pb2.Run(
@@ -37,7 +31,7 @@ def run_to_proto(run: Run) -> trainer_pb2.Run:
         step=run.step,
         policy_version=run.policy_version,
         checkpoint_uri=run.checkpoint_uri,
-        create_time=_timestamp(run.create_time),
+        create_time=to_timestamp(run.create_time),
         error=run.error,
     )
 
@@ -96,5 +90,5 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         require(request, "run_id")
         async for entry in self._runs.watch_metrics(request.run_id, request.from_step):
             yield trainer_pb2.WatchMetricsResponse(
-                step=entry.step, metrics=entry.metrics, time=_timestamp(entry.time_s)
+                step=entry.step, metrics=entry.metrics, time=to_timestamp(entry.time_s)
             )
