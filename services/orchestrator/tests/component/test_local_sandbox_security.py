@@ -156,6 +156,20 @@ async def test_files_holding_the_key_are_0600_in_a_0700_sandbox(tmp_path: Path, 
     ]
 
 
+async def test_the_sandbox_cpu_time_and_peak_memory_are_read_from_its_cgroup(tmp_path: Path) -> None:
+    """What the harness's processes used, summed over all of them (a child included)."""
+    backend = _backend(tmp_path)
+    burn = "dd if=/dev/zero of=/dev/null bs=1M count=4000 2>/dev/null"
+    grow = "dd if=/dev/zero of=/dev/null bs=96M count=1 2>/dev/null"  # one 96 MiB buffer
+    result = await backend.execute(_plan(("/bin/sh", "-c", f"{burn}; ({grow})")))
+    assert result.exit_code == 0, result.stderr_tail
+    if cgroups.detect().kind == "none":  # an unprivileged container: nothing accounted
+        assert (result.cpu_s, result.peak_memory_bytes) == (None, None)
+        return
+    assert result.cpu_s is not None and 0.05 < result.cpu_s < 60
+    assert result.peak_memory_bytes is not None and result.peak_memory_bytes >= 96 * 2**20
+
+
 # --- removal on every exit path ---------------------------------------------------------------
 
 

@@ -103,6 +103,8 @@ class FakeBackend:
                 reward=reward,
                 verifier_output="ok",
                 blocked_destinations=blocked,
+                cpu_s=0.5,
+                peak_memory_bytes=2**20,
             )
         finally:
             self.running -= 1
@@ -233,6 +235,8 @@ async def test_rollouts_are_counted_by_harness_and_outcome_and_the_queue_is_read
     assert value("openforge_rollouts_finished_total", harness="command", status="succeeded") == 2
     assert value("openforge_rollouts_finished_total", harness="command", status="timed_out") == 2
     assert value("openforge_rollout_duration_seconds_count", harness="command", status="timed_out") == 2
+    assert value("openforge_sandbox_cpu_seconds_sum", harness="command") == 4 * 0.5
+    assert value("openforge_sandbox_peak_memory_bytes_count", harness="command") == 4
     assert (value("openforge_rollouts_running"), value("openforge_rollouts_waiting")) == (0, 0)
 
 

@@ -7,6 +7,9 @@ Served with the process and gRPC metrics (:mod:`openforge_core.metrics`) when
 * ``openforge_rollouts_finished_total{harness, status}`` (``succeeded``, ``failed``,
   ``timed_out``, ``cancelled``) and the histogram ``openforge_rollout_duration_seconds{harness,
   status}`` (start to end; a rollout cancelled before it started is counted, not timed);
+* the histograms ``openforge_sandbox_cpu_seconds{harness}`` and
+  ``openforge_sandbox_peak_memory_bytes{harness}``: each finished rollout's sandbox, from its
+  cgroup (where one is accounted);
 * ``openforge_rollouts_running`` and ``openforge_rollouts_waiting`` (accepted, waiting for a
   slot), read from the scheduler at scrape time.
 """
@@ -20,8 +23,10 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 from openforge_orchestrator.domain.rollouts import Rollout, RolloutEvents
 
-#: Bucket bounds of ``openforge_rollout_duration_seconds``, seconds.
+#: Bucket bounds of ``openforge_rollout_duration_seconds`` and ``openforge_sandbox_cpu_seconds``.
 DURATION_BUCKETS_S = (1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600)
+#: Bucket bounds of ``openforge_sandbox_peak_memory_bytes``: 16 MiB to 64 GiB by fourfold steps.
+MEMORY_BUCKETS_BYTES = tuple(float(16 * 2**20 * 4**i) for i in range(7))
 
 
 class RolloutMetrics:
@@ -42,6 +47,20 @@ class RolloutMetrics:
             "Rollout wall time from start to end, seconds.",
             ("harness", "status"),
             buckets=DURATION_BUCKETS_S,
+            registry=registry,
+        )
+        self.sandbox_cpu = Histogram(
+            "openforge_sandbox_cpu_seconds",
+            "CPU time of a rollout's sandbox (its cgroup), seconds.",
+            ("harness",),
+            buckets=DURATION_BUCKETS_S,
+            registry=registry,
+        )
+        self.sandbox_memory = Histogram(
+            "openforge_sandbox_peak_memory_bytes",
+            "Highest memory use of a rollout's sandbox (its cgroup), bytes.",
+            ("harness",),
+            buckets=MEMORY_BUCKETS_BYTES,
             registry=registry,
         )
         self.running = Gauge("openforge_rollouts_running", "Rollouts running now.", registry=registry)
@@ -83,3 +102,7 @@ class MeteredRolloutEvents:
         self._m.finished.labels(rollout.harness, status).inc()
         if rollout.start_time and rollout.end_time >= rollout.start_time:
             self._m.duration.labels(rollout.harness, status).observe(rollout.end_time - rollout.start_time)
+        if rollout.sandbox_cpu_s is not None:
+            self._m.sandbox_cpu.labels(rollout.harness).observe(rollout.sandbox_cpu_s)
+        if rollout.sandbox_peak_memory_bytes is not None:
+            self._m.sandbox_memory.labels(rollout.harness).observe(rollout.sandbox_peak_memory_bytes)

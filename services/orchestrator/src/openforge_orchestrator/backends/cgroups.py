@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -44,6 +45,35 @@ class Limits:
     pids: int
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What one sandbox used, read from its cgroup before it is removed.
+
+    Attributes:
+        cpu_s: CPU time of all its processes, seconds (v2 ``cpu.stat`` ``usage_usec``; v1
+            ``cpuacct.usage``); None where not accounted.
+        peak_memory_bytes: Highest memory use, bytes (v2 ``memory.peak``, Linux 5.19+; v1
+            ``memory.max_usage_in_bytes``); None where not accounted.
+    """
+
+    cpu_s: float | None
+    peak_memory_bytes: int | None
+
+
+def _read_number(path: Path, key: str = "") -> float | None:
+    """The number in ``path`` (or on its ``key`` line); None when it cannot be read."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    if key:
+        text = next((line.split()[1] for line in text.splitlines() if line.startswith(key + " ")), "")
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
+
+
 class Cgroup(Protocol):
     """One sandbox's cgroup(s)."""
 
@@ -52,6 +82,10 @@ class Cgroup(Protocol):
 
     def pids(self) -> list[int]:
         """Processes still inside."""
+        ...
+
+    def usage(self) -> Usage:
+        """CPU time and peak memory so far (read it before :meth:`kill_and_remove`)."""
         ...
 
     def kill_and_remove(self) -> None:
@@ -74,9 +108,10 @@ class Limiter(Protocol):
 
 
 class _Dirs:
-    def __init__(self, dirs: list[Path]) -> None:
+    def __init__(self, dirs: list[Path], usage: Callable[[], Usage] = lambda: Usage(None, None)) -> None:
         self.dirs = dirs
         self.procs_files = tuple(d / "cgroup.procs" for d in dirs)
+        self.usage = usage
 
     def pids(self) -> list[int]:
         found: set[int] = set()
@@ -130,7 +165,14 @@ class V2Limiter:
         (d / "pids.max").write_text(str(limits.pids))
         if "cpu" in self.controllers:
             (d / "cpu.max").write_text(f"{int(limits.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
-        return _Dirs([d])
+        return _Dirs([d], lambda: self.usage(d))
+
+    @staticmethod
+    def usage(d: Path) -> Usage:
+        """``d``'s CPU time (``cpu.stat``, kept without the cpu controller) and peak memory."""
+        usec = _read_number(d / "cpu.stat", "usage_usec")
+        peak = _read_number(d / "memory.peak")
+        return Usage(None if usec is None else usec / 1e6, None if peak is None else int(peak))
 
     def remove(self, name: str) -> None:
         if (self.parent / name).is_dir():
@@ -143,7 +185,11 @@ class V1Limiter:
     kind = "cgroup1"
 
     def __init__(self, root: Path) -> None:
-        self.parents = {c: root / c / PARENT for c in ("memory", "pids", "cpu")}
+        controllers = ["memory", "pids", "cpu"]
+        # CPU accounting: its own hierarchy, or the cpu one where they are mounted together
+        if (root / "cpuacct").is_dir() and not (root / "cpu" / "cpuacct.usage").exists():
+            controllers.append("cpuacct")
+        self.parents = {c: root / c / PARENT for c in controllers}
         for p in self.parents.values():
             p.mkdir(exist_ok=True)
 
@@ -155,7 +201,14 @@ class V1Limiter:
         (dirs["pids"] / "pids.max").write_text(str(limits.pids))
         (dirs["cpu"] / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
         (dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(int(limits.cpus * CPU_PERIOD_US)))
-        return _Dirs(list(dirs.values()))
+        return _Dirs(list(dirs.values()), lambda: self.usage(dirs))
+
+    @staticmethod
+    def usage(dirs: dict[str, Path]) -> Usage:
+        """CPU time (``cpuacct.usage``, ns) and peak memory (``memory.max_usage_in_bytes``)."""
+        ns = _read_number(dirs.get("cpuacct", dirs["cpu"]) / "cpuacct.usage")
+        peak = _read_number(dirs["memory"] / "memory.max_usage_in_bytes")
+        return Usage(None if ns is None else ns / 1e9, None if peak is None else int(peak))
 
     def remove(self, name: str) -> None:
         dirs = [p / name for p in self.parents.values() if (p / name).is_dir()]

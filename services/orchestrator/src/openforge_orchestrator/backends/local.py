@@ -590,6 +590,7 @@ class LocalBackend:
             except OSError as exc:
                 raise SandboxStartError(f"could not set up the sandbox: {exc}") from exc
             run = await self._run_agent(bwrap, plan, sb, cgroup, socket_path)
+            used = cgroup.usage() if cgroup is not None else cgroups.Usage(None, None)
             attempts, started = self._read_report(sb / "run" / "report.jsonl")
             if server is not None:
                 server.close()
@@ -612,6 +613,8 @@ class LocalBackend:
                 blocked_destinations=tuple(attempts),
                 proxy_connections=gate.connections,
                 artifacts=artifacts,
+                cpu_s=used.cpu_s,
+                peak_memory_bytes=used.peak_memory_bytes,
             )
         finally:
             # nothing here awaits: a second cancellation cannot cut the clean-up short

@@ -266,6 +266,8 @@ class RolloutExecutor:
             "timed_out": result.timed_out,
             "start_latency_s": result.start_latency_s,
             "verifier_output": result.verifier_output,
+            "sandbox_cpu_s": result.cpu_s,
+            "sandbox_peak_memory_bytes": result.peak_memory_bytes,
         }
         bypass = ""
         if result.blocked_destinations:

@@ -84,6 +84,9 @@ class Rollout:
         attempts: Attempts made (more than 1 after infrastructure failures).
         timed_out: Whether the harness was killed at its time limit.
         start_latency_s: From asking for the sandbox to the harness running, seconds.
+        sandbox_cpu_s: CPU time of the harness's sandbox (its cgroup), seconds; None where
+            not accounted (no cgroup, or another backend).
+        sandbox_peak_memory_bytes: The sandbox's highest memory use, bytes; None likewise.
     """
 
     rollout_id: str
@@ -113,6 +116,8 @@ class Rollout:
     attempts: int = 0
     timed_out: bool = False
     start_latency_s: float = 0.0
+    sandbox_cpu_s: float | None = None
+    sandbox_peak_memory_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,8 @@ class ExecutionResult:
             e.g. ``"tcp 203.0.113.7:443"`` or ``"udp 192.0.2.53:53 (dns example.com)"``.
         proxy_connections: Connections the harness opened to the proxy.
         artifacts: Where the harness output and logs were kept (empty when not kept).
+        cpu_s: CPU time the harness's sandbox used, seconds; None where not accounted.
+        peak_memory_bytes: The sandbox's highest memory use, bytes; None where not accounted.
     """
 
     exit_code: int | None
@@ -125,6 +127,8 @@ class ExecutionResult:
     blocked_destinations: tuple[str, ...] = ()
     proxy_connections: int = 0
     artifacts: str = ""
+    cpu_s: float | None = None
+    peak_memory_bytes: int | None = None
 
 
 class SandboxBackend(Protocol):
