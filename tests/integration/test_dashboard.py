@@ -383,6 +383,14 @@ def test_dashboard_shows_the_curves_rollouts_and_a_trajectory(
     table = _element(page, "table", "rollouts")
     assert sorted(re.findall(r'data-rollout="([^"]+)"', table)) == ["ro-fork", "ro-pass", "ro-timeout"]
     assert 'data-status="TIMED_OUT"' in table
+    outcomes = page[page.index('<div class="card" id="outcomes">') :]
+    assert re.findall(r'data-status="([A-Z_]+)" data-count="(\d+)"', _element(outcomes, "p", "outcome-statuses")) == [
+        ("SUCCEEDED", "2"),
+        ("TIMED_OUT", "1"),
+    ]
+    causes = _element(outcomes, "table", "failure-causes")
+    assert '<tr data-status="TIMED_OUT" data-count="1">' in causes
+    assert '<td class="cause">task timeout (N s) reached</td>' in causes
 
     filtered = _dom(chromium, f"{url}#/run/{RUN}?status=SUCCEEDED&min_reward=0.5&task={TASK}", tmp_path)
     assert re.findall(r'data-rollout="([^"]+)"', _element(filtered, "table", "rollouts")) == ["ro-pass"]

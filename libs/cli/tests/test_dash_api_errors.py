@@ -63,6 +63,7 @@ async def test_unknown_ids_are_404(client: TestClient[Any, Any], path: str) -> N
         ("/api/runs/" + "x" * 5000, "run_id"),
         ("/api/runs/" + "x" * 5000 + "/metrics", "run_id"),
         ("/api/runs/" + "%C3%A9" * 1000 + "/rollouts", "run_id"),
+        ("/api/runs/" + "x" * 129 + "/outcomes", "run_id"),
         ("/api/rollouts/" + "y" * 5000, "rollout_id"),
     ],
 )

@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 import pytest
@@ -79,7 +79,20 @@ class FakeTrajectoryStore(trajectory_pb2_grpc.TrajectoryServiceServicer):
         r.reward = 1.0
         r.start_time.FromSeconds(100)
         r.end_time.FromSeconds(112)
-        return trajectory_pb2.ListRolloutsResponse(rollouts=[r])
+        if request.page_size == 1000 and request.page_token == "p2":  # the outcomes endpoint's second page
+            return trajectory_pb2.ListRolloutsResponse(rollouts=self.failed)
+        return trajectory_pb2.ListRolloutsResponse(
+            rollouts=[r], next_page_token="p2" if request.page_size == 1000 else ""
+        )
+
+    failed: ClassVar[list[common_pb2.Rollout]] = [
+        common_pb2.Rollout(rollout_id=rid, status=status, failure_reason=reason)
+        for rid, status, reason in (
+            ("ro2", common_pb2.ROLLOUT_STATUS_TIMED_OUT, "harness timed out after 120s; verifier: no reward file"),
+            ("ro3", common_pb2.ROLLOUT_STATUS_TIMED_OUT, "harness timed out after 95s"),
+            ("ro4", common_pb2.ROLLOUT_STATUS_FAILED, "infrastructure: harness exited 1 before its first model call"),
+        )
+    ]
 
     async def GetRollout(self, request: Any, context: Any) -> trajectory_pb2.GetRolloutResponse:
         self.requests.append(request)
@@ -183,6 +196,29 @@ async def test_runs_and_run(store: tuple[FakeTrajectoryStore, str], model_dir: P
         assert missing == {"error": {"code": "NOT_FOUND", "message": "no run 'nope'"}}
     finally:
         await client.close()
+
+
+async def test_outcomes_count_every_rollout_by_status_and_failure_cause(
+    store: tuple[FakeTrajectoryStore, str],
+) -> None:
+    _, address = store
+    client = await _client(address, None)
+    try:
+        body = await _get(client, "/api/runs/r1/outcomes")
+    finally:
+        await client.close()
+    assert body == {
+        "statuses": {"FAILED": 1, "SUCCEEDED": 1, "TIMED_OUT": 2},
+        "causes": [
+            {"status": "TIMED_OUT", "cause": "harness timed out after Ns", "rollouts": 2, "example": "ro2"},
+            {
+                "status": "FAILED",
+                "cause": "infrastructure: harness exited N before its first model call",
+                "rollouts": 1,
+                "example": "ro4",
+            },
+        ],
+    }
 
 
 async def test_metrics_read_every_page(store: tuple[FakeTrajectoryStore, str]) -> None:

@@ -49,6 +49,8 @@ SERVICE = "openforge.trajectory.v1.TrajectoryService"
 READS = ("GetRollout", "ListRollouts", "GetCalls", "GetSamples", "ListRuns", "GetRun", "ListStepMetrics")
 #: Steps the metrics endpoint reads at most (the curves' x range).
 MAX_STEPS = 100_000
+#: Rollouts the outcomes endpoint reads at most.
+MAX_ROLLOUTS = 100_000
 #: Largest integer query parameter (the store's fields are int32).
 MAX_INT32 = 2**31 - 1
 STATIC = {"index.html": "text/html", "app.js": "text/javascript", "app.css": "text/css"}
@@ -167,16 +169,15 @@ async def run_metrics(request: web.Request) -> web.Response:
     this run (``{"key", "label", "run_id", "reward"}`` each, mean reward from GetRun; absent when the
     store has no such run)."""
     run_id = request.match_info["run_id"]
-    steps: list[dict[str, Any]] = []
-    token = ""
-    while len(steps) < MAX_STEPS:
-        resp = await _stub(request).ListStepMetrics(
+    stub = _stub(request)
+    found = await _every_page(
+        lambda token: stub.ListStepMetrics(
             trajectory_pb2.ListStepMetricsRequest(run_id=run_id, page_size=1000, page_token=token)
-        )
-        steps += [views.step(s) for s in resp.steps]
-        token = resp.next_page_token
-        if not token:
-            break
+        ),
+        lambda resp: resp.steps,
+        MAX_STEPS,
+    )
+    steps = [views.step(s) for s in found]
     names = sorted({k for s in steps for k in s["metrics"]})
     evals: list[dict[str, Any]] = []
     for key, label in EVAL_PHASES:
@@ -209,6 +210,33 @@ async def run_rollouts(request: web.Request) -> web.Response:
     return web.json_response(
         {"rollouts": [views.rollout(r) for r in resp.rollouts], "next_page_token": resp.next_page_token}
     )
+
+
+async def run_outcomes(request: web.Request) -> web.Response:
+    """``{"statuses": {...}, "causes": [...]}`` (:func:`views.outcomes`) over every rollout of the
+    run (every page of ListRollouts, up to :data:`MAX_ROLLOUTS`)."""
+    stub, run_id = _stub(request), request.match_info["run_id"]
+    found = await _every_page(
+        lambda token: stub.ListRollouts(
+            trajectory_pb2.ListRolloutsRequest(run_id=run_id, page_size=1000, page_token=token)
+        ),
+        lambda resp: resp.rollouts,
+        MAX_ROLLOUTS,
+    )
+    return web.json_response(views.outcomes(found))
+
+
+async def _every_page(fetch: Callable[[str], Awaitable[Any]], items: Callable[[Any], Any], limit: int) -> list[Any]:
+    """The items of every page ``fetch(page_token)`` returns, until the last page or ``limit`` items."""
+    out: list[Any] = []
+    token = ""
+    while len(out) < limit:
+        resp = await fetch(token)
+        out += items(resp)
+        token = resp.next_page_token
+        if not token:
+            break
+    return out
 
 
 def _decoder(app: web.Application, manifest: common_pb2.RunManifest | None) -> tuple[views.TokenDecoder | None, str]:
@@ -296,6 +324,7 @@ def build_app(store: str, model_dir: Path | None = None) -> web.Application:
     app.router.add_get("/api/runs/{run_id}", get_run)
     app.router.add_get("/api/runs/{run_id}/metrics", run_metrics)
     app.router.add_get("/api/runs/{run_id}/rollouts", run_rollouts)
+    app.router.add_get("/api/runs/{run_id}/outcomes", run_outcomes)
     app.router.add_get("/api/rollouts/{rollout_id}", get_rollout)
     return app
 

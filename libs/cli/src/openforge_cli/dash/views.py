@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +120,37 @@ def step(s: trajectory_pb2.StepMetrics) -> dict[str, Any]:
         "policy_version": s.policy_version,
         "time": _time(s.time),
         "metrics": dict(sorted(s.metrics.items())),
+    }
+
+
+def failure_cause(reason: str) -> str:
+    """A failure reason without its particulars, so that rollouts failing alike count together:
+    its first clause (up to ``;``), every number as ``N``, at most 100 characters; e.g.
+    ``"harness timed out after 120s; verifier: ..."`` → ``"harness timed out after Ns"``."""
+    first = reason.split(";", 1)[0].strip()
+    return re.sub(r"\d+", "N", first)[:100]
+
+
+def outcomes(rollouts: Iterable[common_pb2.Rollout]) -> dict[str, Any]:
+    """Rollouts by status (``{"SUCCEEDED": n, ...}``) and failures by cause: ``causes`` is a list
+    of ``{"status", "cause", "rollouts", "example"}`` (:func:`failure_cause`; ``example`` a
+    rollout id), most rollouts first."""
+    statuses: Counter[str] = Counter()
+    causes: Counter[tuple[str, str]] = Counter()
+    example: dict[tuple[str, str], str] = {}
+    for r in rollouts:
+        status = _enum(common_pb2.RolloutStatus, r.status, "ROLLOUT_STATUS_")
+        statuses[status] += 1
+        if r.failure_reason:
+            key = (status, failure_cause(r.failure_reason))
+            causes[key] += 1
+            example.setdefault(key, r.rollout_id)
+    return {
+        "statuses": dict(sorted(statuses.items())),
+        "causes": [
+            {"status": st, "cause": cause, "rollouts": n, "example": example[(st, cause)]}
+            for (st, cause), n in sorted(causes.items(), key=lambda kv: (-kv[1], kv[0]))
+        ],
     }
 
 

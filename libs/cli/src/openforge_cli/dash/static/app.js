@@ -169,11 +169,33 @@ function rolloutRow(r) {
     h("td", {}, r.failure_reason));
 }
 
+// Rollouts by status, and the failures by cause (a link filters the table to that status).
+function outcomesView(runId, o) {
+  const statuses = Object.entries(o.statuses);
+  if (!statuses.length) return h("p.muted", { id: "outcomes" }, "No rollouts yet.");
+  const total = statuses.reduce((n, [, k]) => n + k, 0);
+  return h("div.card", { id: "outcomes" },
+    h("p", { id: "outcome-statuses" }, statuses.map(([st, n]) =>
+      h("span.outcome", { "data-status": st, "data-count": String(n) },
+        statusCell(st), ` ${n} (${Math.round((100 * n) / total)}%)`))),
+    o.causes.length
+      ? h("table", { id: "failure-causes" },
+        h("thead", {}, h("tr", {}, h("th", {}, "status"), h("th.num", {}, "rollouts"), h("th", {}, "cause"),
+          h("th", {}, "example"))),
+        h("tbody", {}, o.causes.map((c) => h("tr", { "data-status": c.status, "data-count": String(c.rollouts) },
+          h("td", {}, h("a", { href: `#/run/${enc(runId)}?status=${c.status}` }, statusCell(c.status))),
+          h("td.num", {}, String(c.rollouts)),
+          h("td.cause", {}, c.cause),
+          h("td", {}, h("a", { href: "#/rollout/" + enc(c.example) }, c.example))))))
+      : h("p.muted", {}, "No failures."));
+}
+
 async function showRun(runId, query) {
   setCrumbs(["Runs", "#/"], [runId, "#/run/" + enc(runId)]);
-  const [{ run }, metrics] = await Promise.all([
+  const [{ run }, metrics, outcomes] = await Promise.all([
     api("/api/runs/" + enc(runId)),
     api(`/api/runs/${enc(runId)}/metrics`),
+    api(`/api/runs/${enc(runId)}/outcomes`),
   ]);
   const f = { task: query.get("task") || "", status: query.get("status") || "",
     min_reward: query.get("min_reward") || "", max_reward: query.get("max_reward") || "" };
@@ -224,6 +246,7 @@ async function showRun(runId, query) {
         h("dt", {}, "first seen"), h("dd", {}, run.create_time))),
     h("h2", {}, "Manifest"), h("div.card", {}, manifestView(m)),
     h("h2", {}, "Metrics per step"), curvesView(metrics),
+    h("h2", {}, "Outcomes"), outcomesView(runId, outcomes),
     h("h2", {}, "Rollouts"), form,
     h("table", { id: "rollouts" },
       h("thead", {}, h("tr", {}, ...["rollout", "task", "group", "harness", "status"].map((t) => h("th", {}, t)),
