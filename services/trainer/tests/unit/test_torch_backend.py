@@ -339,6 +339,34 @@ def test_sft_lowers_loss_on_sampled_tokens_and_masked_tokens_get_no_gradient(mic
     assert after < before - 0.05
 
 
+@pytest.mark.parametrize("decay", ["constant", "linear"])
+def test_sft_passes_run_at_the_decayed_learning_rate(micro_model_dir: Path, decay: str) -> None:
+    """``sft.lr_decay: linear``: pass e of E updates at lr * (E - e) / E; the rate is back to lr
+    after the step (a later step starts from it again); ``constant`` keeps lr throughout."""
+    backend = load_backend(micro_model_dir, mode="sft", learning_rate=1e-3, ppo_epochs=4, sft={"lr_decay": decay})
+    seen: list[float] = []
+    step = backend.optimizer.step
+
+    def recording_step(*args: Any, **kwargs: Any) -> Any:
+        seen.append(backend.optimizer.param_groups[0]["lr"])
+        return step(*args, **kwargs)
+
+    backend.optimizer.step = recording_step
+    backend.train_sft(TrainBatch(tuple(make_samples({"a": [1.0, 1.0]}, seed=5)), 0))
+    want = [1e-3, 0.75e-3, 0.5e-3, 0.25e-3] if decay == "linear" else [1e-3] * 4
+    assert seen == pytest.approx(want)
+    assert backend.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+
+
+def test_the_verl_backend_refuses_a_decay_over_sft_passes() -> None:
+    from openforge_core.errors import InvalidArgument
+    from openforge_trainer.backends.verl_backend import _validate
+
+    cfg = RunConfig(model="m", tasks=["t"], mode="sft", ppo_epochs=4, sft={"lr_decay": "linear"})
+    with pytest.raises(InvalidArgument, match=r"sft\.lr_decay"):
+        _validate(cfg)
+
+
 def test_several_updates_per_step_recompute_old_logprobs_and_clip(micro_model_dir: Path) -> None:
     """With 2 epochs x 2 mini-batches, π_old is fixed before the first update, so later updates
     see ratios away from 1: the PPO ratio moves (ppo_kl != 0) and a large learning rate clips."""

@@ -489,7 +489,8 @@ class TorchBackend:
 
     def train_sft(self, batch: TrainBatch) -> dict[str, float]:
         """One SFT step: ``agg_loss(-log_prob, loss_mask)``, one update per mini-batch, over
-        ``ppo_epochs`` passes (``updates_per_step`` updates; one by default).
+        ``ppo_epochs`` passes (``updates_per_step`` updates; one by default), at the learning
+        rate of ``sft.lr_decay``.
 
         ``loss/sft`` and ``sft/nll_per_token`` are those of the first pass,
         ``sft/nll_per_token_last`` that of the last; each mini-batch is measured just before its
@@ -500,7 +501,10 @@ class TorchBackend:
         losses: list[float] = []
         nlls: list[float] = []
         grad_norms: list[float] = []
-        for _epoch in range(self._config.ppo_epochs):
+        passes = self._config.ppo_epochs
+        for epoch in range(passes):
+            if self._config.sft.lr_decay == "linear":
+                self._set_lr(self._config.learning_rate * (passes - epoch) / passes)
             nll_sum = ntok = total = 0.0
             for mbs in minis:
                 self._set_batch_info(mbs)
@@ -520,12 +524,17 @@ class TorchBackend:
                 grad_norms.append(self._clip_and_step())
             losses.append(total / len(minis))
             nlls.append(nll_sum / ntok if ntok else math.nan)
+        self._set_lr(self._config.learning_rate)
         out = {"loss/sft": losses[0], "loss/total": losses[0], "grad_norm": sum(grad_norms) / len(grad_norms)}
         if not math.isnan(nlls[0]):
             out["sft/nll_per_token"] = nlls[0]
             out["sft/nll_per_token_last"] = nlls[-1]
         out.update(self._throughput(batch, time.perf_counter() - started))
         return out
+
+    def _set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     # ---- checkpoints ----
 

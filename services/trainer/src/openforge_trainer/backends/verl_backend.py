@@ -67,6 +67,10 @@ def _validate(config: RunConfig) -> None:
             f"veRL's ppo_mini_batch_size counts prompts (groups): groups_per_step={config.groups_per_step} "
             f"must be a multiple of mini_batches={config.mini_batches}",
         )
+    if config.mode == "sft" and config.sft.lr_decay != "constant":
+        raise _reject(
+            "sft.lr_decay", "veRL's SFT step is one optimizer update; decay over passes needs the torch backend"
+        )
     if config.max_grad_norm == 0:
         raise _reject("max_grad_norm", "veRL always clips the gradient norm (actor.optim.clip_grad); set a value > 0")
     if config.mode == "sft" and config.loss_agg_mode != "token-mean":

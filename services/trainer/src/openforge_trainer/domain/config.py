@@ -30,10 +30,16 @@ class SftConfig(SettingsSection):
         source_run_id: Fine-tune on the completed groups of this recorded run (read from the
             store; no rollouts are submitted). Empty: submit rollouts like an RL run and keep
             those that pass (online rejection sampling).
+        lr_decay: The learning rate over an SFT step's ``ppo_epochs`` passes: ``constant``, or
+            ``linear`` from ``learning_rate`` at the first pass to ``learning_rate / passes`` at
+            the last (the usual fine-tuning schedule, as Hugging Face's
+            ``get_linear_schedule_with_warmup`` without warmup), so that many passes end near a
+            minimum instead of wherever the last full-size step lands. ``torch`` backend only.
     """
 
     min_reward: float = 1.0
     source_run_id: str = ""
+    lr_decay: Literal["constant", "linear"] = "constant"
 
 
 class VerlConfig(SettingsSection):
