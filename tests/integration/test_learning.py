@@ -4,8 +4,9 @@ The demo's task family and warm start (``examples/demo/demo.yaml``: mini-swe-age
 sandboxes, the proxy, the store, the orchestrator, the trainer and vLLM, each started by
 ``openforge train`` as a user runs it), at a smaller size: the warm start is the demo's (the
 ``scripted-oracle`` demonstrator whose answers are saved to ``answer.txt`` only part of the
-time, imitated by SFT), then three RL runs of a few GRPO steps from that same warm-started
-policy:
+time, imitated by SFT), made reproducible and given more to start from: SFT's learning rate
+decayed over its passes and a demonstrator that saves half of its answers (``SFT_LR_DECAY``,
+``ERROR_RATE``), then three RL runs of a few GRPO steps from that same warm-started policy:
 
 - true rewards (the demo's settings);
 - ``learning_rate: 0`` (the weights never change);
@@ -48,6 +49,18 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo" / "demo.yaml"
 HARNESS_DIR = Path(os.environ.get("OPENFORGE_TEST_HARNESS_DIR", ROOT / ".openforge" / "harnesses"))
 STEPS = 3
+#: The warm start's SFT learning rate over its 100 passes. At the demo's constant rate the share
+#: of saved first answers the warm-started policy samples varied from 0.05 to 0.24 between runs
+#: of one config and seed (SFT ends wherever its last full-size step lands; micro-batch order
+#: and which task's demonstration is the saved one vary with rollout timing), and from 0.05
+#: three steps of groups that almost never differ in reward do not separate a rise from noise.
+#: Decayed linearly, two runs ended at 0.101 and 0.099: reproducible, but low enough that three
+#: steps raised it by as little as +0.14 on one instruction.
+SFT_LR_DECAY = "linear"
+#: The demonstrator's error rate (the demo's is 0.75): 2 of the 4 demonstrations of each command
+#: saved, so the warm start samples a saved answer often enough that most groups differ in reward
+#: (with the decay: 0.31, then 0.66 and 0.88 after one and two true-reward steps).
+ERROR_RATE = 0.5
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -84,6 +97,8 @@ def _configs(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     demo["stack"]["tasks_root"] = str(ROOT / demo["stack"]["tasks_root"])
     demo["stack"]["harness_dir"] = str(HARNESS_DIR)
     demo["run"]["steps"] = STEPS
+    demo["warm_start"]["run"]["sft"]["lr_decay"] = SFT_LR_DECAY
+    demo["warm_start"]["error_rate"] = ERROR_RATE
     demo["eval"] = None
     demo["run_id"] = "learn"
     control = {k: v for k, v in demo.items() if k != "warm_start"}
