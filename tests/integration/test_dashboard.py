@@ -84,9 +84,9 @@ def chromium() -> str:
     return path
 
 
-def _rollout(rollout_id: str, index: int) -> common_pb2.Rollout:
+def _rollout(rollout_id: str, index: int, harness: str = "openclaw") -> common_pb2.Rollout:
     r = common_pb2.Rollout(
-        rollout_id=rollout_id, run_id=RUN, task_id=TASK, group_id="g-hello", group_index=index, harness="openclaw"
+        rollout_id=rollout_id, run_id=RUN, task_id=TASK, group_id="g-hello", group_index=index, harness=harness
     )
     r.create_time.FromSeconds(1_790_000_000 + index)
     r.status = common_pb2.ROLLOUT_STATUS_PENDING
@@ -150,7 +150,8 @@ async def _chat(proxy_grpc: str, http_port: int, rollout_id: str, conversations:
 
 
 def _record_run(nats_url: str, proxy: Any, fake: ScriptedInferenceServer, model_dir: Path) -> None:
-    a, b, c = _rollout("ro-pass", 0), _rollout("ro-fork", 1), _rollout("ro-timeout", 2)
+    # ro-timeout ran under another harness: the run page compares the two
+    a, b, c = _rollout("ro-pass", 0), _rollout("ro-fork", 1), _rollout("ro-timeout", 2, harness="codex")
     tokenizer_hash = "sha256:" + hashlib.sha256((model_dir / "tokenizer.json").read_bytes()).hexdigest()
     manifest = common_pb2.RunManifest(
         run_id=RUN,
@@ -391,6 +392,12 @@ def test_dashboard_shows_the_curves_rollouts_and_a_trajectory(
     causes = _element(outcomes, "table", "failure-causes")
     assert '<tr data-status="TIMED_OUT" data-count="1">' in causes
     assert '<td class="cause">task timeout (N s) reached</td>' in causes
+    harnesses = _element(page, "table", "harnesses")  # per harness: rollouts, mean reward, passed, duration
+    rows = re.findall(r'<tr data-harness="([^"]+)" data-rollouts="(\d+)">(.*?)</tr>', harnesses)
+    assert [(name, n) for name, n, _ in rows] == [("codex", "1"), ("openclaw", "2")]
+    cells = {name: re.findall(r'<td class="num">([^<]*)</td>', row) for name, _, row in rows}
+    assert cells["openclaw"] == ["2", "0.500", "1 (50%)", "8.0 s"]
+    assert cells["codex"] == ["1", "–", "0 (0%)", "8.0 s"]
 
     filtered = _dom(chromium, f"{url}#/run/{RUN}?status=SUCCEEDED&min_reward=0.5&task={TASK}", tmp_path)
     assert re.findall(r'data-rollout="([^"]+)"', _element(filtered, "table", "rollouts")) == ["ro-pass"]

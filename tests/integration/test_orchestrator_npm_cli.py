@@ -19,7 +19,6 @@ described to the orchestrator by an install manifest written for the test. Needs
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shlex
 import shutil
@@ -36,17 +35,13 @@ from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_core.rpc.client import open_channel
 from openforge_testing.fakes import ScriptedInferenceServer, build_fake_model_dir, final_text, tool_call_text
 from openforge_testing.plugin import ServiceFactory
+from openforge_testing.rollouts import npm_harness_dir
 from openforge_testing.servers import NatsServer, ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "tasks"
 HARNESS_DIR = Path(os.environ.get("OPENFORGE_TEST_HARNESS_DIR", ROOT / ".openforge" / "harnesses"))
 CLIS = ROOT / "tools" / "harness-clis"
-#: Harness → (its npm package, its command).
-PACKAGES = {
-    "codex": ("@openai/codex", "codex"),
-    "claude-code": ("@anthropic-ai/claude-code", "claude"),
-}
 MODEL = "policy-model"
 #: The harness's time limit, seconds: above the tasks' 120 s, as a Node CLI starting on a loaded
 #: 2-core machine can take a minute or more before its first model call.
@@ -66,30 +61,6 @@ SHELL_TOOLS: dict[str, tuple[str, str, dict[str, str]]] = {
     "codex": ("exec_command", "cmd", {}),
     "claude-code": ("Bash", "command", {"description": "Run the step"}),
 }
-
-
-def install_dir(harness: str, tmp: Path) -> Path | None:
-    """A folder holding ``<harness>/manifest.json``: ``openforge harness install``'s, or one written
-    here for the ``tools/harness-clis`` install (Node 24 first on PATH, the whole folder visible
-    read-only in the sandbox); None when neither is installed."""
-    if (HARNESS_DIR / harness / "manifest.json").is_file():
-        return HARNESS_DIR
-    package, command = PACKAGES[harness]
-    executable = CLIS / "node_modules" / ".bin" / command
-    node_bin = CLIS / "node" / "node_modules" / ".bin"
-    if not executable.exists() or not (node_bin / "node").exists():
-        return None
-    version = json.loads((ROOT / "deploy" / "harness" / harness / "package.json").read_text())["dependencies"][package]
-    manifest = {
-        "name": harness,
-        "version": version,
-        "executable": str(executable),
-        "path": [str(node_bin), str(executable.parent)],
-        "roots": [str(CLIS)],
-    }
-    (tmp / "harnesses" / harness).mkdir(parents=True)
-    (tmp / "harnesses" / harness / "manifest.json").write_text(json.dumps(manifest))
-    return tmp / "harnesses"
 
 
 class ShellReplay:
@@ -165,11 +136,9 @@ def stack(
     harness: str = request.param
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
-    installs = install_dir(harness, tmp_path)
+    installs = npm_harness_dir(harness, ROOT, HARNESS_DIR, tmp_path / "harnesses")
     if installs is None:
-        pytest.skip(f"{harness} is installed neither in {HARNESS_DIR} nor in {CLIS} (make harness-clis)")
-    if installs == HARNESS_DIR and shutil.which("node") is None:
-        pytest.skip("node is not installed (Node.js >= 20)")
+        pytest.skip(f"{harness} is installed neither in {HARNESS_DIR} (with node on PATH) nor in {CLIS}")
     s = Stack(tmp_path, nats_server_fn, service_process, harness, installs)
     yield s
     s.close()

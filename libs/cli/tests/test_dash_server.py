@@ -75,7 +75,13 @@ class FakeTrajectoryStore(trajectory_pb2_grpc.TrajectoryServiceServicer):
 
     async def ListRollouts(self, request: Any, context: Any) -> trajectory_pb2.ListRolloutsResponse:
         self.requests.append(request)
-        r = common_pb2.Rollout(rollout_id="ro1", run_id="r1", task_id="t1", status=common_pb2.ROLLOUT_STATUS_SUCCEEDED)
+        r = common_pb2.Rollout(
+            rollout_id="ro1",
+            run_id="r1",
+            task_id="t1",
+            harness="mini-swe-agent",
+            status=common_pb2.ROLLOUT_STATUS_SUCCEEDED,
+        )
         r.reward = 1.0
         r.start_time.FromSeconds(100)
         r.end_time.FromSeconds(112)
@@ -86,11 +92,21 @@ class FakeTrajectoryStore(trajectory_pb2_grpc.TrajectoryServiceServicer):
         )
 
     failed: ClassVar[list[common_pb2.Rollout]] = [
-        common_pb2.Rollout(rollout_id=rid, status=status, failure_reason=reason)
-        for rid, status, reason in (
-            ("ro2", common_pb2.ROLLOUT_STATUS_TIMED_OUT, "harness timed out after 120s; verifier: no reward file"),
-            ("ro3", common_pb2.ROLLOUT_STATUS_TIMED_OUT, "harness timed out after 95s"),
-            ("ro4", common_pb2.ROLLOUT_STATUS_FAILED, "infrastructure: harness exited 1 before its first model call"),
+        common_pb2.Rollout(rollout_id=rid, harness=harness, status=status, failure_reason=reason)
+        for rid, harness, status, reason in (
+            (
+                "ro2",
+                "codex",
+                common_pb2.ROLLOUT_STATUS_TIMED_OUT,
+                "harness timed out after 120s; verifier: no reward file",
+            ),
+            ("ro3", "codex", common_pb2.ROLLOUT_STATUS_TIMED_OUT, "harness timed out after 95s"),
+            (
+                "ro4",
+                "mini-swe-agent",
+                common_pb2.ROLLOUT_STATUS_FAILED,
+                "infrastructure: harness exited 1 before its first model call",
+            ),
         )
     ]
 
@@ -198,7 +214,7 @@ async def test_runs_and_run(store: tuple[FakeTrajectoryStore, str], model_dir: P
         await client.close()
 
 
-async def test_outcomes_count_every_rollout_by_status_and_failure_cause(
+async def test_outcomes_count_every_rollout_by_status_failure_cause_and_harness(
     store: tuple[FakeTrajectoryStore, str],
 ) -> None:
     _, address = store
@@ -216,6 +232,26 @@ async def test_outcomes_count_every_rollout_by_status_and_failure_cause(
                 "cause": "infrastructure: harness exited N before its first model call",
                 "rollouts": 1,
                 "example": "ro4",
+            },
+        ],
+        "harnesses": [
+            {
+                "harness": "codex",
+                "rollouts": 2,
+                "statuses": {"TIMED_OUT": 2},
+                "rewarded": 0,
+                "reward_mean": None,
+                "passed": 0,
+                "mean_s": None,
+            },
+            {
+                "harness": "mini-swe-agent",
+                "rollouts": 2,
+                "statuses": {"FAILED": 1, "SUCCEEDED": 1},
+                "rewarded": 1,
+                "reward_mean": 1.0,
+                "passed": 1,
+                "mean_s": 12.0,
             },
         ],
     }

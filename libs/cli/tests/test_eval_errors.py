@@ -89,3 +89,25 @@ def test_config_errors_that_eval_uses_are_named(tmp_path: Path, checkpoint: Path
     cfg.write_text(lines)
     code, out = _eval(str(cfg), "--checkpoint", str(checkpoint))
     assert code == 1 and expected in out, out
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "expected"),
+    [
+        (("--harness", "codex,mini-swe"), 1, "harness: unknown harness 'mini-swe'"),
+        (("--harness", "mini-swe-agent,claude-code"), 1, "harness: claude-code is not installed in"),
+        (("--engine", "scripted-orcle"), 1, "stack.engine: unknown engine 'scripted-orcle'"),
+        (("--store", "127.0.0.1:1"), 2, "only with --orchestrator"),
+    ],
+)
+def test_comparison_arguments_are_checked_for_every_harness_first(
+    tmp_path: Path, checkpoint: Path, args: tuple[str, ...], code: int, expected: str
+) -> None:
+    """Every harness of --harness is checked (known, installed) before anything starts."""
+    harnesses = tmp_path / "harnesses"
+    (harnesses / "mini-swe-agent").mkdir(parents=True)
+    (harnesses / "mini-swe-agent" / "manifest.json").write_text("{}")
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text(f"model: {{path: {tmp_path / 'm'}}}\nstack: {{tasks_root: {TASKS}, harness_dir: {harnesses}}}\n")
+    got, out = _eval(str(cfg), "--checkpoint", str(checkpoint), *args)
+    assert got == code and expected in out, out

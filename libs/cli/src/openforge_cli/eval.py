@@ -17,6 +17,7 @@ Both are averaged over tasks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+import grpc
 from google.protobuf.duration_pb2 import Duration
 from rich.console import Console
 from rich.table import Table
@@ -69,6 +71,7 @@ class EvalReport:
         ks: The k values reported.
         tasks: Per-task results, in task order.
         seconds: Wall time of the evaluation.
+        rollouts: The terminal rollouts, in submission order.
     """
 
     run_id: str
@@ -77,6 +80,7 @@ class EvalReport:
     tasks: tuple[TaskResult, ...]
     seconds: float = 0.0
     extra: dict[str, str] = field(default_factory=dict)
+    rollouts: tuple[common_pb2.Rollout, ...] = ()
 
     @property
     def reward_mean(self) -> float:
@@ -255,7 +259,7 @@ def summarize(
                 passed=sum(1 for x in rewards if x >= pass_threshold),
             )
         )
-    return EvalReport(run_id=run_id, task_set=task_set, ks=tuple(ks), tasks=tuple(results))
+    return EvalReport(run_id=run_id, task_set=task_set, ks=tuple(ks), tasks=tuple(results), rollouts=tuple(rollouts))
 
 
 async def evaluate(
@@ -270,8 +274,10 @@ async def evaluate(
     pass_threshold: float = 1.0,
     title: str = "eval",
     console: Console | None = None,
+    request_id: str = "",
 ) -> EvalReport:
     """Runs ``n`` rollouts per task under ``run_id`` with live progress; returns the report.
+    ``request_id``: the submission's idempotency key (default ``<run_id>/eval``).
 
     Raises:
         ValueError: A k is outside [1, n], or there are no tasks.
@@ -284,7 +290,7 @@ async def evaluate(
     with RunProgress(title, console=console) as progress:
         rollouts = await run_rollouts(
             orchestrator,
-            request_id=f"{run_id}/eval",
+            request_id=request_id or f"{run_id}/eval",
             run_id=run_id,
             task_set=task_set,
             tasks=tasks,
@@ -293,7 +299,7 @@ async def evaluate(
             on_update=progress.rollout,
         )
     report = summarize(run_id, task_set, tasks, rollouts, ks, pass_threshold)
-    return EvalReport(report.run_id, report.task_set, report.ks, report.tasks, time.monotonic() - started)
+    return dataclasses.replace(report, seconds=time.monotonic() - started)
 
 
 def split_tasks(tasks_root: Path, split: str) -> list[str]:
@@ -345,32 +351,57 @@ def stack_port_options(*, base_port: int, nats_port: int, http_port: int) -> Cal
     help="Comma-separated task ids (default: the config's eval.tasks when --split is its eval.split, else the "
     "whole split).",
 )
+@click.option(
+    "--harness",
+    "harness_names",
+    default="",
+    help="Comma-separated harnesses to compare on the same tasks, one after another under one run id "
+    "(default: the config's harness); prints one row per harness with what its rollouts cost.",
+)
+@click.option(
+    "--engine",
+    default="",
+    help="Engine serving CHECKPOINT (default: the config's stack.engine); `scripted-oracle` replays each "
+    "task's oracle solution (no demonstrator errors), a reference for what a harness can reach.",
+)
 @click.option("--run-id", default="", help="Run id of the evaluation rollouts (default: derived from the time).")
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None, help="Default: .openforge/eval/<run id>.")
 @stack_port_options(base_port=50251, nats_port=4342, http_port=8280)
 @click.option("--orchestrator", default="", help="Attach to this orchestrator (host:port) instead of starting a stack.")
+@click.option(
+    "--store",
+    default="",
+    help="With --orchestrator: the trajectory store (host:port) the comparison reads each rollout's turns, "
+    "tokens and samples from (without it those columns are empty).",
+)
 def eval_command(
     config: Path,
     checkpoint: Path,
     split: str,
     k: int,
     task_ids: str,
+    harness_names: str,
+    engine: str,
     run_id: str,
     state_dir: Path | None,
     base_port: int,
     nats_port: int,
     http_port: int,
     orchestrator: str,
+    store: str,
 ) -> None:
     """pass@k and pass^k of CHECKPOINT on a task split, with the run config's harness and limits.
 
     Starts NATS and the five services serving CHECKPOINT (or attaches to a running
     orchestrator whose inference already serves it), runs k rollouts per task under an
     evaluation run id (recorded in the trajectory store), prints a per-task table and writes
-    it as JSON to <state dir>/eval.json.
+    it as JSON to <state dir>/eval.json. With --harness naming several harnesses, each runs the
+    same tasks in turn and one table compares them (pass@k, pass^k, turns, tokens, samples and
+    seconds per rollout; ``openforge_cli.compare``).
     """
     import json
 
+    from openforge_cli.compare import HarnessResult, harness_table, read_costs
     from openforge_cli.train import (
         LocalStack,
         check_installed,
@@ -381,6 +412,15 @@ def eval_command(
     )
 
     cfg = load_train_config(config)
+    if engine:
+        # the oracle as a reference: no imperfect demonstrator
+        stack_spec = cfg.stack.model_copy(
+            update={"engine": engine, "fallback_engine": ""}
+        )  # what was asked, or nothing
+        cfg = cfg.model_copy(update={"stack": stack_spec, "warm_start": None})
+    harnesses = list(dict.fromkeys(h.strip() for h in harness_names.split(",") if h.strip())) or [cfg.harness]
+    if store and not orchestrator:
+        raise click.BadParameter("only with --orchestrator (a started stack's store is read)", param_hint="--store")
     if k < 1:
         raise click.BadParameter("must be >= 1", param_hint="-k")
     if not (checkpoint / "config.json").is_file():
@@ -390,37 +430,69 @@ def eval_command(
     if not tasks and cfg.eval is not None and split == cfg.eval.split:
         tasks = list(cfg.eval.tasks)
     tasks = tasks or split_tasks(cfg.tasks_root_path, split)
-    check_names(cfg)
-    if not orchestrator:
-        check_installed(cfg)
     model = str(checkpoint.resolve())
-    check_run_config("run", {**cfg.run, "model": model, "harness": cfg.harness, "task_split": split, "tasks": tasks})
+    each = [
+        cfg.model_copy(update={"harness": name, "harness_config": cfg.harness_config if name == cfg.harness else None})
+        for name in harnesses
+    ]
+    for one in each:  # every name first, then what is installed
+        check_names(one)
+    for one in each:
+        if not orchestrator:
+            check_installed(one)
+        check_run_config(
+            "run", {**cfg.run, "model": model, "harness": one.harness, "task_split": split, "tasks": tasks}
+        )
     run_id = run_id or f"{cfg.run_id}-eval-{time.strftime('%Y%m%d-%H%M%S')}"
     state = state_dir or Path(".openforge") / "eval" / run_id
     spec = cfg.rollout_spec()
     ks = tuple(range(1, k + 1))
-
-    async def go(address: str) -> EvalReport:
-        return await evaluate(
-            address,
-            run_id=run_id,
-            task_set=split,
-            tasks=tasks,
-            n=k,
-            ks=ks,
-            spec=spec,
-            pass_threshold=cfg.eval.pass_threshold if cfg.eval else 1.0,
-            title="eval",
-        )
+    compare = len(harnesses) > 1
 
     console = Console()
+
+    async def go(address: str, store_address: str) -> list[HarnessResult]:
+        results = []
+        for name in harnesses:
+            report = await evaluate(
+                address,
+                run_id=run_id,
+                task_set=split,
+                tasks=tasks,
+                n=k,
+                ks=ks,
+                spec=dataclasses.replace(spec, harness=name),
+                pass_threshold=cfg.eval.pass_threshold if cfg.eval else 1.0,
+                title=f"eval {name}" if compare else "eval",
+                request_id=f"{run_id}/eval/{name}" if compare else "",
+            )
+            costs = {}
+            if compare and store_address:
+                try:
+                    costs = await read_costs(store_address, [r.rollout_id for r in report.rollouts])
+                except grpc.aio.AioRpcError as exc:  # the evaluation stands; its cost columns stay empty
+                    console.print(f"[yellow]{name}: cannot read the rollouts' costs from the store: {exc.details()}")
+            results.append(HarnessResult(name, report, costs))
+        return results
+
     if orchestrator:
-        report = asyncio.run(go(orchestrator))
+        results = asyncio.run(go(orchestrator, store))
     else:
         stack = LocalStack(state, base_port=base_port, nats_port=nats_port, http_port=http_port)
         with stack.running(cfg, engine=cfg.stack.engine, model=checkpoint.resolve()):
-            report = asyncio.run(go(stack.addresses["orchestrator"]))
-    console.print(report_table(report))
+            results = asyncio.run(go(stack.addresses["orchestrator"], stack.addresses["trajectory-store"]))
     state.mkdir(parents=True, exist_ok=True)
-    (state / "eval.json").write_text(json.dumps(report.to_json(), indent=2))
+    if compare:
+        for r in results:
+            console.print(report_table(r.report, title=f"{r.harness}: evaluation {run_id} on {split}"))
+        console.print(harness_table(results, ks, title=f"harness comparison {run_id} on {split}"))
+        record: dict[str, object] = {
+            "run_id": run_id,
+            "task_set": split,
+            "harnesses": {r.harness: r.to_json() for r in results},
+        }
+    else:
+        console.print(report_table(results[0].report))
+        record = results[0].report.to_json()
+    (state / "eval.json").write_text(json.dumps(record, indent=2))
     console.print(f"rollouts recorded under run id {run_id}; results in {state / 'eval.json'}")

@@ -5,6 +5,7 @@ against what the (fake) engine saw and sampled."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 
@@ -26,6 +27,40 @@ def require_sandboxed_harness(harness_dir: Path, harness: str) -> None:
         pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
     if not (harness_dir / harness / "manifest.json").is_file():
         pytest.skip(f"{harness} is not installed in {harness_dir} (openforge harness install {harness})")
+
+
+#: npm harness → (its npm package, its command).
+NPM_PACKAGES = {
+    "codex": ("@openai/codex", "codex"),
+    "claude-code": ("@anthropic-ai/claude-code", "claude"),
+}
+
+
+def npm_harness_dir(harness: str, root: Path, harness_dir: Path, into: Path) -> Path | None:
+    """A folder holding ``<harness>/manifest.json`` for an npm harness (:data:`NPM_PACKAGES`):
+    ``harness_dir`` when ``openforge harness install`` put it there (Node.js on PATH needed), else
+    ``into``, with a manifest written here for the ``tools/harness-clis`` install of the repository
+    at ``root`` (``make harness-clis``: the same pinned versions, Node 24 first on PATH, the whole
+    folder visible read-only in the sandbox); None when neither is installed."""
+    if (harness_dir / harness / "manifest.json").is_file():
+        return harness_dir if shutil.which("node") is not None else None
+    clis = root / "tools" / "harness-clis"
+    package, command = NPM_PACKAGES[harness]
+    executable = clis / "node_modules" / ".bin" / command
+    node_bin = clis / "node" / "node_modules" / ".bin"
+    if not executable.exists() or not (node_bin / "node").exists():
+        return None
+    version = json.loads((root / "deploy" / "harness" / harness / "package.json").read_text())["dependencies"][package]
+    manifest = {
+        "name": harness,
+        "version": version,
+        "executable": str(executable),
+        "path": [str(node_bin), str(executable.parent)],
+        "roots": [str(clis)],
+    }
+    (into / harness).mkdir(parents=True, exist_ok=True)
+    (into / harness / "manifest.json").write_text(json.dumps(manifest))
+    return into
 
 
 async def finish_rollout(nats_url: str, rollout_id: str, calls: int, reward: float = 1.0) -> None:

@@ -34,6 +34,7 @@ from openforge_inference.engines.scripted_oracle import (
     oracle_steps,
 )
 from openforge_inference.model_files import checkpoint_checksum
+from openforge_testing.captures import CAPTURES
 
 ROOT = Path(__file__).resolve().parents[4]
 TASKS = ROOT / "examples" / "tasks"
@@ -230,3 +231,53 @@ def test_unwritten_drops_only_a_trailing_redirection_into_a_file(command: str, p
     from openforge_inference.engines.scripted_oracle import unwritten
 
     assert unwritten(command) == printed
+
+
+def _as_function(tool: dict[str, object]) -> dict[str, object] | None:
+    """A captured tool (Anthropic, Responses or Chat Completions shape) as a Chat Completions
+    function tool, the shape the proxy renders; None for a tool that is not a function."""
+    if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
+        return tool
+    if "input_schema" in tool:
+        return {"type": "function", "function": {"name": tool["name"], "parameters": tool["input_schema"]}}
+    if tool.get("type") == "function":
+        return {"type": "function", "function": {"name": tool["name"], "parameters": tool.get("parameters", {})}}
+    return None
+
+
+@pytest.mark.parametrize(
+    ("capture", "call"),
+    [
+        ("mini-swe-agent/chat-toolcall", ("bash", "command", {})),
+        ("claude-code/normal", ("Bash", "command", {"description": "Run the step"})),
+        ("codex/custom-model", ("exec_command", "cmd", {})),
+        ("openclaw/chat-completions", ("exec", "command", {})),
+    ],
+)
+def test_the_oracle_calls_the_shell_tool_each_harness_offers_and_submits_as_it_does(
+    tiny_model_dir: Path, capture: str, call: tuple[str, str, dict[str, str]]
+) -> None:
+    """The tool set of each CLI's first captured request, rendered by the served model's chat
+    template as the proxy renders it: the oracle calls that CLI's shell tool, then ends the run
+    the CLI's way (mini-swe-agent: its submit command; the others: a text answer)."""
+    from transformers import AutoTokenizer
+
+    body = json.loads(sorted((CAPTURES / capture).glob("0001_*.json"))[0].read_text())["body"]
+    tools = [f for t in body["tools"] if (f := _as_function(t)) is not None]
+    assert any(f["function"]["name"] == call[0] for f in tools)
+    name, argument, extra = call
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": _instruction("train", "count-lines")}],
+        tools=tools,
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    plans = OraclePlans(TASKS)
+    first = oracle_completion(plans, prompt)
+    assert _call(first) == {"name": name, "arguments": {argument: _command("train", "count-lines"), **extra}}
+    second = oracle_completion(plans, prompt + first + "<tool_response>\n3\n</tool_response>")
+    if name == "bash":
+        assert _call(second) == {"name": "bash", "arguments": {"command": SUBMIT_COMMAND}}
+    else:
+        assert "<tool_call>" not in second and second.strip()

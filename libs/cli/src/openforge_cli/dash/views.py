@@ -22,6 +22,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2
+from openforge_cli.compare import rollout_seconds
 
 #: Request and response bodies longer than this many bytes are cut (the page says so).
 MAX_BODY_BYTES = 256 * 1024
@@ -131,16 +132,24 @@ def failure_cause(reason: str) -> str:
     return re.sub(r"\d+", "N", first)[:100]
 
 
-def outcomes(rollouts: Iterable[common_pb2.Rollout]) -> dict[str, Any]:
-    """Rollouts by status (``{"SUCCEEDED": n, ...}``) and failures by cause: ``causes`` is a list
-    of ``{"status", "cause", "rollouts", "example"}`` (:func:`failure_cause`; ``example`` a
-    rollout id), most rollouts first."""
+def outcomes(rollouts: Iterable[common_pb2.Rollout], pass_threshold: float = 1.0) -> dict[str, Any]:
+    """Rollouts by status (``{"SUCCEEDED": n, ...}``), failures by cause and the same figures per
+    harness.
+
+    ``causes`` is a list of ``{"status", "cause", "rollouts", "example"}`` (:func:`failure_cause`;
+    ``example`` a rollout id), most rollouts first. ``harnesses`` is a list, by name, of
+    ``{"harness", "rollouts", "statuses", "rewarded", "reward_mean", "passed", "mean_s"}``:
+    ``reward_mean`` over the ``rewarded`` rollouts (None without one), ``passed`` those with
+    reward >= ``pass_threshold``, ``mean_s`` the mean wall time of those that ended (None
+    without one) — a harness comparison (``openforge eval --harness``) side by side."""
     statuses: Counter[str] = Counter()
     causes: Counter[tuple[str, str]] = Counter()
     example: dict[tuple[str, str], str] = {}
+    per_harness: dict[str, list[common_pb2.Rollout]] = {}
     for r in rollouts:
         status = _enum(common_pb2.RolloutStatus, r.status, "ROLLOUT_STATUS_")
         statuses[status] += 1
+        per_harness.setdefault(r.harness, []).append(r)
         if r.failure_reason:
             key = (status, failure_cause(r.failure_reason))
             causes[key] += 1
@@ -151,16 +160,29 @@ def outcomes(rollouts: Iterable[common_pb2.Rollout]) -> dict[str, Any]:
             {"status": st, "cause": cause, "rollouts": n, "example": example[(st, cause)]}
             for (st, cause), n in sorted(causes.items(), key=lambda kv: (-kv[1], kv[0]))
         ],
+        "harnesses": [_harness_figures(name, rs, pass_threshold) for name, rs in sorted(per_harness.items())],
+    }
+
+
+def _harness_figures(name: str, rollouts: list[common_pb2.Rollout], pass_threshold: float) -> dict[str, Any]:
+    rewards = [r.reward for r in rollouts if r.HasField("reward")]
+    seconds = [s for r in rollouts if (s := rollout_seconds(r)) is not None]
+    return {
+        "harness": name,
+        "rollouts": len(rollouts),
+        "statuses": dict(
+            sorted(Counter(_enum(common_pb2.RolloutStatus, r.status, "ROLLOUT_STATUS_") for r in rollouts).items())
+        ),
+        "rewarded": len(rewards),
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "passed": sum(1 for x in rewards if x >= pass_threshold),
+        "mean_s": sum(seconds) / len(seconds) if seconds else None,
     }
 
 
 def rollout(r: common_pb2.Rollout) -> dict[str, Any]:
     """A rollout with its status name (``SUCCEEDED``...), reward (``None`` until verified),
     verifier output, times and duration in seconds (``None`` until it ended)."""
-    start = r.start_time if r.HasField("start_time") else r.create_time
-    duration = None
-    if r.HasField("end_time") and (start.seconds or start.nanos):
-        duration = (r.end_time.ToNanoseconds() - start.ToNanoseconds()) / 1e9
     return {
         "rollout_id": r.rollout_id,
         "run_id": r.run_id,
@@ -175,7 +197,7 @@ def rollout(r: common_pb2.Rollout) -> dict[str, Any]:
         "create_time": _time(r.create_time),
         "start_time": _time(r.start_time),
         "end_time": _time(r.end_time),
-        "duration_s": duration,
+        "duration_s": rollout_seconds(r),
         "min_policy_version": r.min_policy_version,
     }
 

@@ -11,15 +11,17 @@ this engine answers with the *scripted* completion of the task it recognises in 
 2. the turn is the number of tool results the prompt already holds (``<tool_response>`` in the
    Hermes/Qwen templates the tiny model and the proxy use);
 3. turn 0 answers with one tool call running the whole ``solve.sh`` (``bash -c '<script>'``),
-   turn 1 with the harness's submit command (``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``,
-   mini-swe-agent's), later turns with a short final text. A ``solve.sh`` whose second line is
-   :data:`ONE_CALL_PER_LINE` is replayed one command line per turn instead (its ``set`` and
-   ``cd`` lines excepted: the harness already runs in the working folder), then the submit
-   command: a multi-turn demonstration whose later calls follow the tool results before them.
+   then, for mini-swe-agent, its submit command (``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``),
+   then a short final text (which ends a Claude Code, Codex or OpenClaw run). A ``solve.sh``
+   whose second line is :data:`ONE_CALL_PER_LINE` is replayed one command line per turn instead
+   (its ``set`` and ``cd`` lines excepted: the harness already runs in the working folder): a
+   multi-turn demonstration whose later calls follow the tool results before them.
 
-The tool call is ``{"name": "bash", "arguments": {"command": ...}}`` in Hermes ``<tool_call>``
-tags; the completion is tokenized with the served model's ``tokenizer.json`` and ends with the
-first EOS id, so the samples train the model to emit exactly this text. Every token reports
+The tool call goes to the harness's own shell tool, the first of :data:`SHELL_TOOLS` the
+prompt's ``<tools>`` block offers (mini-swe-agent's ``bash`` when none is): e.g.
+``{"name": "bash", "arguments": {"command": ...}}`` in Hermes ``<tool_call>`` tags. The
+completion is tokenized with the served model's ``tokenizer.json`` and ends with the first EOS
+id, so the samples train the model to emit exactly this text. Every token reports
 logprob 0.0 (the scripted policy is deterministic: probability 1) and the serving policy version.
 
 Weight updates are validated like the real engines do (URI, tensor names and shapes, checksum)
@@ -63,12 +65,15 @@ from openforge_inference.model_files import resolve_checkpoint_uri, validate_che
 __all__ = [
     "ERROR_KINDS",
     "ONE_CALL_PER_LINE",
+    "SHELL_TOOLS",
     "SUBMIT_COMMAND",
     "ErrorDraws",
     "OraclePlans",
     "ScriptedOracleEngine",
+    "ShellTool",
     "oracle_completion",
     "oracle_steps",
+    "shell_tool",
 ]
 
 _log = structlog.get_logger()
@@ -83,6 +88,7 @@ _TOOL_RESULT: Final = "<tool_response>"
 _UNKNOWN: Final = "I do not recognise this task."
 _DONE: Final = "Done."
 _CALL_BLOCK: Final = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+_TOOLS_BLOCK: Final = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
 #: A command's trailing redirection of its output into a file (``... > answer.txt``).
 _REDIRECT: Final = re.compile(r"\s*>\s*[^\s>|;&]+\s*$")
 #: The imperfect demonstrator's kinds of error (``error_kind`` of :func:`oracle_completion`).
@@ -137,9 +143,61 @@ class ErrorDraws:
         return self._rng.choice(options)
 
 
-def _tool_call(command: str, step: int) -> str:
-    call = json.dumps({"name": "bash", "arguments": {"command": command}})
-    return f"Step {step}.\n<tool_call>\n{call}\n</tool_call>"
+@dataclasses.dataclass(frozen=True)
+class ShellTool:
+    """A harness's tool that runs a shell command.
+
+    Attributes:
+        name: The tool's name as the harness offers it.
+        argument: The argument holding the command.
+        submit: A command that ends the harness's run (mini-swe-agent's), issued after the
+            task's commands; None where a text answer ends it.
+        extra: Further arguments every call carries.
+    """
+
+    name: str
+    argument: str = "command"
+    submit: str | None = None
+    extra: tuple[tuple[str, str], ...] = ()
+
+    def call(self, command: str, step: int) -> str:
+        """A Hermes completion calling this tool with ``command`` (``step``: 1-based turn)."""
+        body = json.dumps({"name": self.name, "arguments": {self.argument: command, **dict(self.extra)}})
+        return f"Step {step}.\n<tool_call>\n{body}\n</tool_call>"
+
+
+#: The shell tools of the supported harnesses, in order of preference (names and arguments as the
+#: pinned CLIs offer them, ``shared/reference/harness-protocols.md`` and the captures): the first
+#: one a prompt offers is used, the first (mini-swe-agent 2.4.6's) when the prompt offers none.
+SHELL_TOOLS: Final = (
+    ShellTool("bash", submit=SUBMIT_COMMAND),  # mini-swe-agent 2.4.6
+    ShellTool("Bash", extra=(("description", "Run the step"),)),  # Claude Code 2.1.332
+    ShellTool("exec_command", argument="cmd"),  # Codex 0.171.0 (its code mode off)
+    ShellTool("exec"),  # OpenClaw 2026.9.6
+)
+
+
+def offered_tools(prompt_text: str) -> list[str]:
+    """The tool names in a decoded prompt's ``<tools>`` block (the Hermes/Qwen templates render
+    one JSON tool per line, ``{"type": "function", "function": {"name": ...}}``), in order."""
+    names: list[str] = []
+    for block in _TOOLS_BLOCK.finditer(prompt_text):
+        for line in block.group(1).splitlines():
+            try:
+                tool = json.loads(line)
+            except ValueError:
+                continue
+            spec = tool.get("function", tool) if isinstance(tool, dict) else None
+            name = spec.get("name") if isinstance(spec, dict) else None
+            if isinstance(name, str):
+                names.append(name)
+    return names
+
+
+def shell_tool(prompt_text: str) -> ShellTool:
+    """The first of :data:`SHELL_TOOLS` the prompt offers; :data:`SHELL_TOOLS` [0] when none is."""
+    offered = set(offered_tools(prompt_text))
+    return next((t for t in SHELL_TOOLS if t.name in offered), SHELL_TOOLS[0])
 
 
 def oracle_steps(script: str) -> tuple[str, ...]:
@@ -212,13 +270,14 @@ class OraclePlans:
         return None
 
 
-def issued_commands(prompt_text: str) -> list[str]:
-    """The ``command`` arguments of the Hermes ``<tool_call>`` blocks in a decoded prompt, in
-    order (blocks that are not JSON with one, such as a template's format example, skipped)."""
+def issued_commands(prompt_text: str, argument: str = "command") -> list[str]:
+    """The ``argument`` arguments (the command) of the Hermes ``<tool_call>`` blocks in a decoded
+    prompt, in order (blocks that are not JSON with one, such as a template's format example,
+    skipped)."""
     out: list[str] = []
     for match in _CALL_BLOCK.finditer(prompt_text):
         try:
-            command = json.loads(match.group(1))["arguments"]["command"]
+            command = json.loads(match.group(1))["arguments"][argument]
         except (ValueError, KeyError, TypeError):
             continue
         if isinstance(command, str):
@@ -249,7 +308,8 @@ def oracle_completion(
             drawn per such command; the plan stays the task's own.
 
     Returns:
-        Hermes-format text: one ``<tool_call>`` (one per oracle step, then the submit) or plain text.
+        Hermes-format text: one ``<tool_call>`` of the harness's shell tool (one per oracle step,
+        then mini-swe-agent's submit) or plain text.
 
     Raises:
         ValueError: An unknown ``error_kind``.
@@ -260,21 +320,22 @@ def oracle_completion(
     if commands is None:
         return _UNKNOWN
     turn = prompt_text.count(_TOOL_RESULT)
+    tool = shell_tool(prompt_text)
     if error_kind == "plan" and turn == 0 and errors is not None:
         others = plans.other_plans(commands)
         if others and errors.draw(commands[0]):
             commands = errors.choice(others)
     elif error_kind == "plan" and turn > 0:
-        issued = issued_commands(prompt_text)
+        issued = issued_commands(prompt_text, tool.argument)
         if issued and issued[0] != commands[0]:
             commands = plans.plan_starting(issued[0]) or commands
-    steps = [*commands, SUBMIT_COMMAND]
+    steps = [*commands, tool.submit] if tool.submit else list(commands)
     if turn >= len(steps):
         return _DONE
     command = steps[turn]
     if error_kind == "unwritten" and errors is not None and unwritten(command) != command and errors.draw(command):
         command = unwritten(command)
-    return _tool_call(command, turn + 1)
+    return tool.call(command, turn + 1)
 
 
 class ScriptedOracleEngine:

@@ -190,6 +190,23 @@ function outcomesView(runId, o) {
       : h("p.muted", {}, "No failures."));
 }
 
+// The run's rollouts per harness (an `openforge eval --harness a,b,...` comparison), when it used
+// more than one.
+function harnessesView(o) {
+  if (!o.harnesses || o.harnesses.length < 2) return null;
+  const pct = (n, d) => (d ? `${n} (${Math.round((100 * n) / d)}%)` : "–");
+  return h("table", { id: "harnesses" },
+    h("thead", {}, h("tr", {}, h("th", {}, "harness"), h("th.num", {}, "rollouts"), h("th.num", {}, "mean reward"),
+      h("th.num", {}, "passed"), h("th.num", {}, "mean duration"), h("th", {}, "statuses"))),
+    h("tbody", {}, o.harnesses.map((x) => h("tr", { "data-harness": x.harness, "data-rollouts": String(x.rollouts) },
+      h("td", {}, x.harness),
+      h("td.num", {}, String(x.rollouts)),
+      h("td.num", {}, fmt(x.reward_mean)),
+      h("td.num", {}, pct(x.passed, x.rollouts)),
+      h("td.num", {}, x.mean_s === null ? "–" : x.mean_s.toFixed(1) + " s"),
+      h("td", {}, Object.entries(x.statuses).map(([st, n]) => h("span.outcome", {}, statusCell(st), ` ${n} `)))))));
+}
+
 async function showRun(runId, query) {
   setCrumbs(["Runs", "#/"], [runId, "#/run/" + enc(runId)]);
   const [{ run }, metrics, outcomes] = await Promise.all([
@@ -236,6 +253,7 @@ async function showRun(runId, query) {
     location.hash = `#/run/${enc(runId)}` + (params.toString() ? "?" + params : "");
   });
   const m = run.manifest;
+  const harnesses = harnessesView(outcomes);
   render(
     h("h1", {}, "Run ", h("code", {}, run.run_id)),
     h("div.card", {},
@@ -247,6 +265,7 @@ async function showRun(runId, query) {
     h("h2", {}, "Manifest"), h("div.card", {}, manifestView(m)),
     h("h2", {}, "Metrics per step"), curvesView(metrics),
     h("h2", {}, "Outcomes"), outcomesView(runId, outcomes),
+    harnesses && h("h2", {}, "Harnesses"), harnesses,
     h("h2", {}, "Rollouts"), form,
     h("table", { id: "rollouts" },
       h("thead", {}, h("tr", {}, ...["rollout", "task", "group", "harness", "status"].map((t) => h("th", {}, t)),
