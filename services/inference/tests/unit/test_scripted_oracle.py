@@ -8,7 +8,9 @@ import asyncio
 import json
 import math
 import shlex
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tokenizers import Tokenizer
@@ -233,7 +235,7 @@ def test_unwritten_drops_only_a_trailing_redirection_into_a_file(command: str, p
     assert unwritten(command) == printed
 
 
-def _as_function(tool: dict[str, object]) -> dict[str, object] | None:
+def _as_function(tool: dict[str, Any]) -> dict[str, Any] | None:
     """A captured tool (Anthropic, Responses or Chat Completions shape) as a Chat Completions
     function tool, the shape the proxy renders; None for a tool that is not a function."""
     if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
@@ -263,8 +265,8 @@ def test_the_oracle_calls_the_shell_tool_each_harness_offers_and_submits_as_it_d
     from transformers import AutoTokenizer
 
     body = json.loads(sorted((CAPTURES / capture).glob("0001_*.json"))[0].read_text())["body"]
-    tools = [f for t in body["tools"] if (f := _as_function(t)) is not None]
-    assert any(f["function"]["name"] == call[0] for f in tools)
+    tools: list[dict[Any, Any] | Callable[..., Any]] = [f for t in body["tools"] if (f := _as_function(t)) is not None]
+    assert any(isinstance(f, dict) and f["function"]["name"] == call[0] for f in tools)
     name, argument, extra = call
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompt = tok.apply_chat_template(
@@ -273,6 +275,7 @@ def test_the_oracle_calls_the_shell_tool_each_harness_offers_and_submits_as_it_d
         tokenize=False,
         add_generation_prompt=True,
     )
+    assert isinstance(prompt, str)
     plans = OraclePlans(TASKS)
     first = oracle_completion(plans, prompt)
     assert _call(first) == {"name": name, "arguments": {argument: _command("train", "count-lines"), **extra}}
