@@ -471,11 +471,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _resource_log(state: Path) -> None:
+    """A run folder's resource log as ``openforge train`` writes it (``resource_log``: one sample
+    every 5 s; here 13 over a minute, the trainer's CPU time and memory rising)."""
+    lines = []
+    for i in range(13):
+        services = {
+            "proxy": {"cpu_s": 1.0 + 0.2 * i, "rss_bytes": 120 * 2**20},
+            "trainer": {"cpu_s": 5.0 + 4.0 * i, "rss_bytes": (300 + 20 * i) * 2**20},
+        }
+        machine = {"cpu_cores": 0.5 + 0.1 * i, "cores": 2, "memory_bytes": 6 * 2**30, "memory_total_bytes": 24 * 2**30}
+        lines.append(json.dumps({"t": 1_790_000_000 + 5 * i, "machine": machine, "services": services}))
+    (state / "resources.jsonl").write_text("\n".join(lines) + "\n")
+
+
 def test_dash_state_dir_serves_a_finished_run(
-    tmp_path: Path, nats_server_fn: NatsServer, service_process: ServiceFactory
+    tmp_path: Path, nats_server_fn: NatsServer, service_process: ServiceFactory, chromium: str
 ) -> None:
     state = tmp_path / "state"
     model_dir = build_fake_model_dir(state / "models" / "warm-start")
+    _resource_log(state)
     store = service_process(
         "openforge_trajectory_store",
         {"OPENFORGE_NATS__URL": nats_server_fn.url, "OPENFORGE_STORE__DSN": f"sqlite:///{state / 'trajectories.db'}"},
@@ -545,6 +560,26 @@ def test_dash_state_dir_serves_a_finished_run(
         [listed] = _get_json(f"{url}runs/{RUN}/rollouts")["rollouts"]
         assert (listed["rollout_id"], listed["status"]) == ("ro-timeout", "TIMED_OUT")
         assert f"tokens decoded with {model_dir / 'tokenizer.json'}" in log_path.read_text()
+        resources = _get_json(url + "resources")
+        assert [c["label"] for c in resources["cpu"]] == ["machine", "proxy", "trainer"]
+        assert resources["cpu"][2]["points"][0] == [0.0833, 0.8]  # 4 s of CPU in 5 s, at 5 s (0.0833 min)
+
+        # the run page draws both resource curves, a line per series, and the outcomes panel
+        page = _dom(chromium, f"http://127.0.0.1:{port}/#/run/{RUN}", tmp_path)
+        for curve_id, points in (("curve-cpu", ("13", "12", "12")), ("curve-memory", ("13", "13", "13"))):
+            lines = re.findall(
+                r'<polyline class="line s\d" data-series="([a-z]+)" data-points="(\d+)"',
+                _element(page, "svg", curve_id),
+            )
+            assert lines == list(zip(("machine", "proxy", "trainer"), points, strict=True)), lines
+        assert re.findall(r'data-status="([A-Z_]+)" data-count="(\d+)"', _element(page, "p", "outcome-statuses")) == [
+            ("TIMED_OUT", "1")
+        ]
+        shot = tmp_path / "dashboard-resources.png"
+        page_url = f"http://127.0.0.1:{port}/#/run/{RUN}"
+        _headless(chromium, tmp_path, "--hide-scrollbars", "--window-size=1400,1600", f"--screenshot={shot}", page_url)
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        print("dashboard screenshot:", shot)
 
         children = _children(dash.pid)
         kinds = sorted(

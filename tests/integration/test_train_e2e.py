@@ -176,6 +176,13 @@ def test_train_runs_every_stage_stops_on_sigint_and_resumes(
     assert [m["step"] for m in rl_metrics] == [1]
     assert "reward/mean" in rl_metrics[0]["metrics"] and "loss/total" in rl_metrics[0]["metrics"]
     assert any((state / "checkpoints" / "tensorboard").rglob("events.out.tfevents.*"))
+    # resource use over the run's time (the dashboard's curves): the machine and the five services
+    resources = [json.loads(line) for line in (state / "resources.jsonl").read_text().splitlines()]
+    assert len(resources) >= 10
+    services = {"proxy", "orchestrator", "trajectory-store", "inference", "trainer"}
+    assert sum(set(r["services"]) == services for r in resources) >= len(resources) // 2
+    assert all(0 <= r["machine"]["cpu_cores"] <= r["machine"]["cores"] for r in resources)
+    assert max(r["services"]["trainer"]["rss_bytes"] for r in resources if "trainer" in r["services"]) > 100 * 2**20
 
     # the store: calls captured, samples with loss masks, the update served after RL
     store = service_process(

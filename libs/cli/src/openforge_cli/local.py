@@ -28,12 +28,16 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from openforge_core.backoff import doubling_delay
 from openforge_core.rpc.client import wait_serving
+
+if TYPE_CHECKING:
+    from openforge_cli.resource_log import ResourceLog
 
 #: (name, module, settings key in ServiceAddresses), in start order.
 SERVICES: tuple[tuple[str, str, str], ...] = (
@@ -257,6 +261,9 @@ def wait_down(state_dir: Path, timeout_s: float, cancel: threading.Event | None 
 
 #: The supervisors running in this process, by state folder (``down`` stops them first).
 _SUPERVISORS: dict[Path, Supervisor] = {}
+#: The resource logs of the ``up``s this process supervises (``resource_log.ResourceLog``: they
+#: also end by themselves once the services are stopped), by state folder.
+_RESOURCE_LOGS: dict[Path, ResourceLog] = {}
 
 
 def supervisor_of(state_dir: Path) -> Supervisor | None:
@@ -370,7 +377,8 @@ def up(
         timeout_s: How long to wait for SERVING, seconds.
         extra_env: More ``OPENFORGE_*`` settings for every service.
         supervise: Restart what exits while this process lives (:class:`Supervisor`; see
-            :func:`supervisor_of`).
+            :func:`supervisor_of`), and log resource use meanwhile
+            (:class:`~openforge_cli.resource_log.ResourceLog`, ``resources.jsonl``).
         on_failure: With ``supervise``, called when a process is given up.
 
     Returns:
@@ -453,6 +461,10 @@ def up(
             )
             _SUPERVISORS[state_dir.resolve()] = supervisor
             supervisor.start()
+            from openforge_cli.resource_log import ResourceLog
+
+            _RESOURCE_LOGS[state_dir.resolve()] = sampler = ResourceLog(state_dir)
+            sampler.start()
     except BaseException as exc:
         down(state_dir)
         if isinstance(exc, Exception):
@@ -533,6 +545,9 @@ def down(state_dir: Path, grace_s: float = 15.0) -> list[str]:
     supervisor = _SUPERVISORS.pop(state_dir.resolve(), None)
     if supervisor is not None:
         supervisor.stop()
+    sampler = _RESOURCE_LOGS.pop(state_dir.resolve(), None)
+    if sampler is not None:
+        sampler.stop()
     state = UpState.load(state_dir)
     if state is None:
         return []

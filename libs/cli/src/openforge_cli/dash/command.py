@@ -75,7 +75,7 @@ def dash(ctx: click.Context, store: str, state_dir: Path | None, host: str, port
         with run_store(state_dir) as address:
             click.echo(f"tokens decoded with {model_dir / 'tokenizer.json'}" if model_dir else "token ids shown")
             try:
-                serve(address, host, port, model_dir)
+                serve(address, host, port, model_dir, state_dir)
             except OSError as exc:
                 raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc
             finally:  # serving stopped (its signal handlers are gone): stop the store undisturbed

@@ -9,6 +9,8 @@ Endpoints (all ``GET``, JSON; shapes in :mod:`.views`):
 * ``/api/runs/{run_id}/rollouts?task=&status=&min_reward=&max_reward=&page_size=&page_token=`` →
   ``{"rollouts": [rollout], "next_page_token"}``, newest first; ``status`` is a status name
   (``SUCCEEDED``, ``FAILED``, ``TIMED_OUT``...).
+* ``/api/resources`` → :func:`views.resource_curves` of the run folder's resource log (with
+  ``--state-dir``; empty curves otherwise).
 * ``/api/rollouts/{rollout_id}`` → ``{"rollout", "calls": [call], "samples": [sample],
   "samples_note", "tokenizer"}``: the trajectory view. ``samples_note`` says why there are no
   samples yet (the rollout has not ended); ``tokenizer`` says which model folder decoded the tokens
@@ -58,6 +60,7 @@ STATIC = {"index.html": "text/html", "app.js": "text/javascript", "app.css": "te
 STUB_KEY: web.AppKey[TrajectoryServiceAsyncStub] = web.AppKey("stub")
 DECODERS_KEY: web.AppKey[dict[Path, views.TokenDecoder | None]] = web.AppKey("decoders")
 MODEL_DIR_KEY: web.AppKey[Path | None] = web.AppKey("model_dir")
+STATE_DIR_KEY: web.AppKey[Path | None] = web.AppKey("state_dir")
 
 _HTTP_OF_GRPC = {
     grpc.StatusCode.NOT_FOUND: 404,
@@ -212,6 +215,15 @@ async def run_rollouts(request: web.Request) -> web.Response:
     )
 
 
+async def get_resources(request: web.Request) -> web.Response:
+    """The resource curves of the run folder (``--state-dir``); see :func:`views.resource_curves`."""
+    from openforge_cli.resource_log import read
+
+    state_dir = request.app[STATE_DIR_KEY]
+    samples = await asyncio.to_thread(read, state_dir) if state_dir is not None else []
+    return web.json_response(views.resource_curves(samples))
+
+
 async def run_outcomes(request: web.Request) -> web.Response:
     """``{"statuses": {...}, "causes": [...]}`` (:func:`views.outcomes`) over every rollout of the
     run (every page of ListRollouts, up to :data:`MAX_ROLLOUTS`)."""
@@ -296,19 +308,21 @@ async def get_rollout(request: web.Request) -> web.Response:
     return web.json_response(await asyncio.to_thread(body))
 
 
-def build_app(store: str, model_dir: Path | None = None) -> web.Application:
+def build_app(store: str, model_dir: Path | None = None, state_dir: Path | None = None) -> web.Application:
     """The dashboard application.
 
     Args:
         store: ``host:port`` of the trajectory store's gRPC server.
         model_dir: Model folder whose ``tokenizer.json`` decodes token ids (else the run
             manifest's ``model`` when it is a local folder, else ids only).
+        state_dir: The run folder whose resource log ``/api/resources`` reads (None: none).
 
     Returns:
         The aiohttp application; the store channel opens on startup and closes on cleanup.
     """
     app = web.Application(middlewares=[_errors])
     app[MODEL_DIR_KEY] = model_dir
+    app[STATE_DIR_KEY] = state_dir
     app[DECODERS_KEY] = {}
 
     async def channel(app: web.Application) -> AsyncIterator[None]:
@@ -325,11 +339,12 @@ def build_app(store: str, model_dir: Path | None = None) -> web.Application:
     app.router.add_get("/api/runs/{run_id}/metrics", run_metrics)
     app.router.add_get("/api/runs/{run_id}/rollouts", run_rollouts)
     app.router.add_get("/api/runs/{run_id}/outcomes", run_outcomes)
+    app.router.add_get("/api/resources", get_resources)
     app.router.add_get("/api/rollouts/{rollout_id}", get_rollout)
     return app
 
 
-def serve(store: str, host: str, port: int, model_dir: Path | None) -> None:
+def serve(store: str, host: str, port: int, model_dir: Path | None, state_dir: Path | None = None) -> None:
     """Serves the dashboard until SIGINT/SIGTERM (blocking).
 
     Args:
@@ -337,9 +352,10 @@ def serve(store: str, host: str, port: int, model_dir: Path | None) -> None:
         host: Interface to bind.
         port: TCP port to bind.
         model_dir: See :func:`build_app`.
+        state_dir: See :func:`build_app`.
     """
     web.run_app(
-        build_app(store, model_dir),
+        build_app(store, model_dir, state_dir),
         host=host,
         port=port,
         print=lambda _: print(f"Dashboard on http://{host}:{port}/ (store {store}); Ctrl-C stops it.", flush=True),

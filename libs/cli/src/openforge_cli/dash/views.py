@@ -263,3 +263,49 @@ def sample(s: trajectory_pb2.Sample, decoder: TokenDecoder | None) -> dict[str, 
         "response_text": decoder.pieces(response) if decoder else None,
         "trained_tokens": sum(s.loss_mask),
     }
+
+
+def resource_curves(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Curves over a run's time from its resource log (``openforge_cli.resource_log``).
+
+    Returns ``{"cpu": [series], "memory": [series], "cores", "memory_total_gib"}``; a series is
+    ``{"label", "points": [[minutes, value], ...]}``, minutes since the first sample, machine
+    first then each service by name. CPU is in cores busy (a service's: the CPU time it used
+    between two samples over the time between them, nothing across a restart, whose counter
+    starts again); memory in GiB (machine: in use; services: resident). Empty lists without
+    samples.
+    """
+    if not samples:
+        return {"cpu": [], "memory": [], "cores": None, "memory_total_gib": None}
+    t0 = samples[0]["t"]
+    gib = 2.0**30
+
+    def minutes(t: float) -> float:
+        return round(float(t - t0) / 60.0, 4)
+
+    cpu: dict[str, list[list[float]]] = {"machine": []}
+    memory: dict[str, list[list[float]]] = {"machine": []}
+    last: dict[str, tuple[float, float]] = {}
+    for sample in samples:
+        t, machine = sample["t"], sample["machine"]
+        cpu["machine"].append([minutes(t), round(machine["cpu_cores"], 4)])
+        memory["machine"].append([minutes(t), round(machine["memory_bytes"] / gib, 4)])
+        for name, figures in sorted(sample["services"].items()):
+            memory.setdefault(name, []).append([minutes(t), round(figures["rss_bytes"] / gib, 4)])
+            before = last.get(name)
+            last[name] = (t, figures["cpu_s"])
+            if before is not None and t > before[0] and figures["cpu_s"] >= before[1]:
+                cores = (figures["cpu_s"] - before[1]) / (t - before[0])
+                cpu.setdefault(name, []).append([minutes(t), round(cores, 4)])
+
+    def series(curves: dict[str, list[list[float]]]) -> list[dict[str, Any]]:
+        names = ["machine", *sorted(n for n in curves if n != "machine")]
+        return [{"label": n, "points": curves[n]} for n in names if curves[n]]
+
+    final = samples[-1]["machine"]
+    return {
+        "cpu": series(cpu),
+        "memory": series(memory),
+        "cores": final["cores"],
+        "memory_total_gib": round(final["memory_total_bytes"] / gib, 2),
+    }

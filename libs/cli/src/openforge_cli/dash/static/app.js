@@ -107,9 +107,11 @@ function manifestView(m) {
 
 // One SVG line chart of a metric over steps: a polyline and one circle.pt per step; `marks` are
 // extra points drawn apart (circle.eval: the held-out evaluations before and after RL).
-function curve(name, points, marks = []) {
+// A line chart: each series {label, points: [{x, y}]} one polyline (dots: a circle per point), the
+// marks (held-out evaluations) circled; several series get a legend.
+function curve(name, series, { marks = [], xLabel = "step", dots = true, id = "curve-" + slug(name) } = {}) {
   const W = 420, H = 200, L = 48, R = 12, T = 10, B = 28;
-  const all = points.concat(marks);
+  const all = series.flatMap((sr) => sr.points).concat(marks);
   const xs = all.map((p) => p.x), ys = all.map((p) => p.y);
   let [x0, x1] = [Math.min(...xs), Math.max(...xs)];
   let [y0, y1] = [Math.min(...ys), Math.max(...ys)];
@@ -117,8 +119,8 @@ function curve(name, points, marks = []) {
   if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
   const px = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const py = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
-  const svg = s("svg", { class: "curve", id: "curve-" + slug(name), "data-metric": name,
-    viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": `${name} per step` });
+  const svg = s("svg", { class: "curve", id, "data-metric": name,
+    viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": `${name} per ${xLabel}` });
   for (const f of [0, 0.5, 1]) {
     const y = y0 + f * (y1 - y0);
     svg.append(s("line", { class: "grid", x1: L, x2: W - R, y1: py(y), y2: py(y) }));
@@ -126,20 +128,37 @@ function curve(name, points, marks = []) {
   }
   svg.append(s("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
   svg.append(s("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }));
-  svg.append(s("text", { x: L, y: H - 8 }, `step ${fmt(x0)}`));
-  svg.append(s("text", { x: W - R, y: H - 8, "text-anchor": "end" }, `step ${fmt(x1)}`));
-  svg.append(s("polyline", { class: "line", points: points.map((p) => `${px(p.x)},${py(p.y)}`).join(" ") }));
-  for (const p of points) {
-    svg.append(s("circle", { class: "pt", cx: px(p.x), cy: py(p.y), r: 3, "data-step": p.x, "data-value": p.y },
-      s("title", {}, `step ${p.x}: ${p.y}`)));
-  }
+  svg.append(s("text", { x: L, y: H - 8 }, `${xLabel} ${fmt(x0)}`));
+  svg.append(s("text", { x: W - R, y: H - 8, "text-anchor": "end" }, `${xLabel} ${fmt(x1)}`));
+  series.forEach((sr, i) => {
+    svg.append(s("polyline", { class: `line s${i % 6}`, "data-series": sr.label, "data-points": sr.points.length,
+      points: sr.points.map((p) => `${px(p.x)},${py(p.y)}`).join(" ") }));
+    if (!dots) return;
+    for (const p of sr.points) {
+      svg.append(s("circle", { class: "pt", cx: px(p.x), cy: py(p.y), r: 3, "data-step": p.x, "data-value": p.y },
+        s("title", {}, `${xLabel} ${p.x}: ${p.y}`)));
+    }
+  });
   for (const m of marks) {
     svg.append(s("circle", { class: "eval", cx: px(m.x), cy: py(m.y), r: 5, "data-label": m.label, "data-value": m.y },
       s("title", {}, `${m.label} (held-out eval): ${fmt(m.y, 3)}`)));
   }
   const legend = marks.map((m) => `${m.label}: ${fmt(m.y, 3)}`).join(", ");
   return h("div.curve-box", {}, h("h3", {}, name), svg,
+    series.length > 1
+      ? h("p.series-legend", {}, series.map((sr, i) => h(`span.key.s${i % 6}`, { "data-series": sr.label }, "― " + sr.label)))
+      : null,
     legend ? h("p.muted.eval-legend", {}, "◆ held-out eval " + legend) : null);
+}
+
+// Resource use over the run's time (`openforge dash --state-dir`: the run's resources.jsonl):
+// cores busy and memory in use, the machine's and each service's.
+function resourcesView(r) {
+  if (!r.cpu.length) return null;
+  const pts = (series) => series.map((sr) => ({ label: sr.label, points: sr.points.map(([x, y]) => ({ x, y })) }));
+  return h("div.curves", { id: "resources" },
+    curve(`CPU (cores busy of ${r.cores})`, pts(r.cpu), { xLabel: "min", dots: false, id: "curve-cpu" }),
+    curve(`memory (GiB of ${r.memory_total_gib})`, pts(r.memory), { xLabel: "min", dots: false, id: "curve-memory" }));
 }
 
 function curvesView(metrics) {
@@ -152,7 +171,7 @@ function curvesView(metrics) {
   const marks = (metrics.evals || []).map((e) => ({ x: e.key === "before" ? 0 : last, y: e.reward, label: e.label }));
   const boxes = names.map((name) => {
     const pts = metrics.steps.filter((st) => name in st.metrics).map((st) => ({ x: st.step, y: st.metrics[name] }));
-    return curve(name, pts, name === "reward/mean" ? marks : []);
+    return curve(name, [{ label: name, points: pts }], { marks: name === "reward/mean" ? marks : [] });
   });
   return h("div.curves", { id: "curves" }, boxes);
 }
@@ -209,10 +228,11 @@ function harnessesView(o) {
 
 async function showRun(runId, query) {
   setCrumbs(["Runs", "#/"], [runId, "#/run/" + enc(runId)]);
-  const [{ run }, metrics, outcomes] = await Promise.all([
+  const [{ run }, metrics, outcomes, resources] = await Promise.all([
     api("/api/runs/" + enc(runId)),
     api(`/api/runs/${enc(runId)}/metrics`),
     api(`/api/runs/${enc(runId)}/outcomes`),
+    api("/api/resources"),
   ]);
   const f = { task: query.get("task") || "", status: query.get("status") || "",
     min_reward: query.get("min_reward") || "", max_reward: query.get("max_reward") || "" };
@@ -254,6 +274,7 @@ async function showRun(runId, query) {
   });
   const m = run.manifest;
   const harnesses = harnessesView(outcomes);
+  const machine = resourcesView(resources);
   render(
     h("h1", {}, "Run ", h("code", {}, run.run_id)),
     h("div.card", {},
@@ -264,6 +285,7 @@ async function showRun(runId, query) {
         h("dt", {}, "first seen"), h("dd", {}, run.create_time))),
     h("h2", {}, "Manifest"), h("div.card", {}, manifestView(m)),
     h("h2", {}, "Metrics per step"), curvesView(metrics),
+    machine && h("h2", {}, "Resources over time"), machine,
     h("h2", {}, "Outcomes"), outcomesView(runId, outcomes),
     harnesses && h("h2", {}, "Harnesses"), harnesses,
     h("h2", {}, "Rollouts"), form,
