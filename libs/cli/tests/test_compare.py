@@ -6,7 +6,7 @@ from __future__ import annotations
 from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2
 from openforge_cli.compare import HarnessResult, RolloutCost, cost_of, harness_table, rollout_seconds
-from openforge_cli.eval import summarize
+from openforge_cli.eval import EvalReport, summarize
 
 
 def _rollout(rid: str, task: str, index: int, reward: float, start: float, end: float) -> common_pb2.Rollout:
@@ -43,22 +43,11 @@ def test_rollout_seconds_run_from_the_harness_start_else_the_creation_and_need_a
 
 
 def test_one_row_per_harness_with_its_pass_rates_and_mean_costs() -> None:
-    fast = summarize(
-        "ev",
-        "test",
-        ["t1", "t2"],
-        [_rollout("f1", "t1", 0, 1.0, 100, 102), _rollout("f2", "t2", 0, 0.0, 100, 104)],
-        ks=(1,),
-        pass_threshold=1.0,
-    )
-    slow = summarize(
-        "ev",
-        "test",
-        ["t1", "t2"],
-        [_rollout("s1", "t1", 0, 1.0, 100, 130), _rollout("s2", "t2", 0, 1.0, 100, 120)],
-        ks=(1,),
-        pass_threshold=1.0,
-    )
+    def report(*rollouts: common_pb2.Rollout) -> EvalReport:
+        return summarize("ev", "test", ["t1", "t2"], list(rollouts), ks=(1,), pass_threshold=1.0)
+
+    fast = report(_rollout("f1", "t1", 0, 1.0, 100, 102), _rollout("f2", "t2", 0, 0.0, 100, 104))
+    slow = report(_rollout("s1", "t1", 0, 1.0, 100, 130), _rollout("s2", "t2", 0, 1.0, 100, 120))
     results = [
         HarnessResult(
             "mini-swe-agent",

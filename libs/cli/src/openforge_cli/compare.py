@@ -162,13 +162,7 @@ def harness_table(results: Sequence[HarnessResult], ks: Sequence[int], title: st
         for k in ks:
             cells += [f"{r.report.pass_at(k):.3f}", f"{r.report.pass_hat(k):.3f}"]
         cost = r.mean_cost()
-        for key, fmt in (
-            ("turns", ".1f"),
-            ("tokens", ".0f"),
-            ("sampled", ".0f"),
-            ("samples", ".2f"),
-            ("seconds", ".1f"),
-        ):
+        for key, fmt in _COST_FORMATS:
             value = cost[key]
             cells.append("-" if value is None else format(value, fmt))
         table.add_row(*cells)

@@ -413,10 +413,8 @@ def eval_command(
 
     cfg = load_train_config(config)
     if engine:
-        # the oracle as a reference: no imperfect demonstrator
-        stack_spec = cfg.stack.model_copy(
-            update={"engine": engine, "fallback_engine": ""}
-        )  # what was asked, or nothing
+        # the engine asked for or nothing (no fallback); the oracle with no imperfect demonstrator
+        stack_spec = cfg.stack.model_copy(update={"engine": engine, "fallback_engine": ""})
         cfg = cfg.model_copy(update={"stack": stack_spec, "warm_start": None})
     harnesses = list(dict.fromkeys(h.strip() for h in harness_names.split(",") if h.strip())) or [cfg.harness]
     if store and not orchestrator:
