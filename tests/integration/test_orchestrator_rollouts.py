@@ -28,6 +28,7 @@ from openforge.common.v1 import common_pb2
 from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_core.rpc.client import open_channel
+from openforge_orchestrator.backends import cgroups
 from openforge_testing.fakes import ScriptedInferenceServer, build_fake_model_dir, final_text, tool_call_text
 from openforge_testing.plugin import ServiceFactory
 from openforge_testing.rollouts import require_sandboxed_harness
@@ -206,6 +207,11 @@ def test_mini_swe_agent_oracle_earns_1_wrong_answer_0_hang_killed_with_partial_t
     assert oracle.reward == 1.0 and "PASS" in oracle.verifier_output
     stored = asyncio.run(_store_rollout(stack.store.address, oracle.rollout_id, 2))
     assert stored.rollout.reward == 1.0 and stored.rollout.status == common_pb2.ROLLOUT_STATUS_SUCCEEDED
+    usage = stored.rollout.sandbox_usage  # the sandbox's cgroup, read when the harness ended
+    if cgroups.detect().kind == "none":  # an unprivileged container: nothing accounted
+        assert not stored.rollout.HasField("sandbox_usage")
+    else:  # mini-swe-agent is a Python process: over a tenth of a CPU second and 16 MiB
+        assert usage.cpu_time.ToNanoseconds() > 10**8 and usage.peak_memory_bytes > 16 * 2**20, usage
     assert (stack.artifacts / oracle.rollout_id / "agent" / "trajectory.json").is_file()
 
     assert wrong.status == common_pb2.ROLLOUT_STATUS_SUCCEEDED, wrong.failure_reason

@@ -5,15 +5,27 @@ from __future__ import annotations
 
 from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2
-from openforge_cli.compare import HarnessResult, RolloutCost, cost_of, harness_table, rollout_seconds
+from openforge_cli.compare import (
+    HarnessResult,
+    RolloutCost,
+    cost_of,
+    harness_table,
+    rollout_seconds,
+    sandbox_usage,
+)
 from openforge_cli.eval import EvalReport, summarize
 
 
-def _rollout(rid: str, task: str, index: int, reward: float, start: float, end: float) -> common_pb2.Rollout:
+def _rollout(
+    rid: str, task: str, index: int, reward: float, start: float, end: float, usage: tuple[float, int] | None = None
+) -> common_pb2.Rollout:
     r = common_pb2.Rollout(rollout_id=rid, task_id=task, group_index=index, status=common_pb2.ROLLOUT_STATUS_SUCCEEDED)
     r.reward = reward
     r.start_time.FromNanoseconds(int(start * 1e9))
     r.end_time.FromNanoseconds(int(end * 1e9))
+    if usage is not None:  # (sandbox CPU seconds, peak memory bytes)
+        r.sandbox_usage.cpu_time.FromNanoseconds(int(usage[0] * 1e9))
+        r.sandbox_usage.peak_memory_bytes = usage[1]
     return r
 
 
@@ -42,11 +54,22 @@ def test_rollout_seconds_run_from_the_harness_start_else_the_creation_and_need_a
     assert rollout_seconds(running) is None
 
 
+def test_sandbox_usage_reads_seconds_and_mib_and_none_where_not_accounted() -> None:
+    assert sandbox_usage(_rollout("a", "t", 0, 1.0, 0, 1, usage=(1.5, 64 * 2**20))) == (1.5, 64.0)
+    assert sandbox_usage(_rollout("a", "t", 0, 1.0, 0, 1)) == (None, None)
+    only_peak = common_pb2.Rollout()
+    only_peak.sandbox_usage.peak_memory_bytes = 0  # explicitly zero is a measurement
+    assert sandbox_usage(only_peak) == (None, 0.0)
+
+
 def test_one_row_per_harness_with_its_pass_rates_and_mean_costs() -> None:
     def report(*rollouts: common_pb2.Rollout) -> EvalReport:
         return summarize("ev", "test", ["t1", "t2"], list(rollouts), ks=(1,), pass_threshold=1.0)
 
-    fast = report(_rollout("f1", "t1", 0, 1.0, 100, 102), _rollout("f2", "t2", 0, 0.0, 100, 104))
+    fast = report(
+        _rollout("f1", "t1", 0, 1.0, 100, 102, usage=(1.0, 100 * 2**20)),
+        _rollout("f2", "t2", 0, 0.0, 100, 104, usage=(3.0, 300 * 2**20)),
+    )
     slow = report(_rollout("s1", "t1", 0, 1.0, 100, 130), _rollout("s2", "t2", 0, 1.0, 100, 120))
     results = [
         HarnessResult(
@@ -56,8 +79,24 @@ def test_one_row_per_harness_with_its_pass_rates_and_mean_costs() -> None:
         ),
         HarnessResult("codex", slow, {}),
     ]
-    assert results[0].mean_cost() == {"turns": 3.0, "tokens": 200.0, "sampled": 30.0, "samples": 1.5, "seconds": 3.0}
-    assert results[1].mean_cost() == {"turns": None, "tokens": None, "sampled": None, "samples": None, "seconds": 25.0}
+    assert results[0].mean_cost() == {
+        "turns": 3.0,
+        "tokens": 200.0,
+        "sampled": 30.0,
+        "samples": 1.5,
+        "seconds": 3.0,
+        "cpu_s": 2.0,
+        "peak_mib": 200.0,
+    }
+    assert results[1].mean_cost() == {
+        "turns": None,
+        "tokens": None,
+        "sampled": None,
+        "samples": None,
+        "seconds": 25.0,
+        "cpu_s": None,
+        "peak_mib": None,
+    }
     record = results[0].to_json()
     assert record["harness"] == "mini-swe-agent" and record["summary"] == {
         "reward/mean": 0.5,
@@ -68,5 +107,18 @@ def test_one_row_per_harness_with_its_pass_rates_and_mean_costs() -> None:
     assert table.row_count == 2
     cells = [list(col.cells) for col in table.columns]
     rows = list(zip(*cells, strict=True))
-    assert rows[0] == ("mini-swe-agent", "2", "0.500", "0.500", "0.500", "3.0", "200", "30", "1.50", "3.0")
-    assert rows[1] == ("codex", "2", "1.000", "1.000", "1.000", "-", "-", "-", "-", "25.0")
+    assert rows[0] == (
+        "mini-swe-agent",
+        "2",
+        "0.500",
+        "0.500",
+        "0.500",
+        "3.0",
+        "200",
+        "30",
+        "1.50",
+        "3.0",
+        "2.0",
+        "200",
+    )
+    assert rows[1] == ("codex", "2", "1.000", "1.000", "1.000", "-", "-", "-", "-", "25.0", "-", "-")

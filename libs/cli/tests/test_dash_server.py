@@ -85,6 +85,8 @@ class FakeTrajectoryStore(trajectory_pb2_grpc.TrajectoryServiceServicer):
         r.reward = 1.0
         r.start_time.FromSeconds(100)
         r.end_time.FromSeconds(112)
+        r.sandbox_usage.cpu_time.FromMilliseconds(2500)
+        r.sandbox_usage.peak_memory_bytes = 96 * 2**20
         if request.page_size == 1000 and request.page_token == "p2":  # the outcomes endpoint's second page
             return trajectory_pb2.ListRolloutsResponse(rollouts=self.failed)
         return trajectory_pb2.ListRolloutsResponse(
@@ -243,6 +245,7 @@ async def test_outcomes_count_every_rollout_by_status_failure_cause_and_harness(
                 "reward_mean": None,
                 "passed": 0,
                 "mean_s": None,
+                "peak_mib": None,
             },
             {
                 "harness": "mini-swe-agent",
@@ -252,6 +255,7 @@ async def test_outcomes_count_every_rollout_by_status_failure_cause_and_harness(
                 "reward_mean": 1.0,
                 "passed": 1,
                 "mean_s": 12.0,
+                "peak_mib": 96.0,
             },
         ],
     }
@@ -287,6 +291,7 @@ async def test_rollout_filters_become_the_store_request(store: tuple[FakeTraject
         assert req.HasField("min_reward") and req.min_reward == 0.5 and not req.HasField("max_reward")
         [r] = body["rollouts"]
         assert (r["status"], r["reward"], r["duration_s"]) == ("SUCCEEDED", 1.0, 12.0)
+        assert (r["sandbox_cpu_s"], r["sandbox_peak_mib"]) == (2.5, 96.0)
 
         before = len(fake.requests)
         bad = await _get(client, "/api/runs/r1/rollouts?status=DONE", 400)

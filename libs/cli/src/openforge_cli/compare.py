@@ -11,7 +11,9 @@ what the harness cost, read back from the trajectory store per rollout:
   would process), and of those the *sampled* ones (loss mask 1: what the policy generated);
 * *samples*: trained samples the store assembled (more than one where the conversation broke:
   compaction, sub-agents, a template that re-renders history);
-* *seconds*: the rollout's wall time, its harness start to its terminal status.
+* *seconds*: the rollout's wall time, its harness start to its terminal status;
+* *sandbox CPU* and *peak memory*: what the harness's sandbox used, from its cgroup
+  (``Rollout.sandbox_usage``; unknown where the sandbox backend accounts nothing).
 
 Why: the harness changes how hard a task is to learn (the Orchard paper's finding) and what a
 rollout costs; a researcher picking one compares them on the same checkpoint and tasks.
@@ -60,6 +62,15 @@ def rollout_seconds(r: common_pb2.Rollout) -> float | None:
     if not r.HasField("end_time") or not (start.seconds or start.nanos):
         return None
     return (r.end_time.ToNanoseconds() - start.ToNanoseconds()) / 1e9
+
+
+def sandbox_usage(r: common_pb2.Rollout) -> tuple[float | None, float | None]:
+    """The rollout's sandbox CPU time, seconds, and peak memory, MiB (``Rollout.sandbox_usage``);
+    None where not accounted."""
+    u = r.sandbox_usage
+    cpu_s = u.cpu_time.ToNanoseconds() / 1e9 if u.HasField("cpu_time") else None
+    peak_mib = u.peak_memory_bytes / 2**20 if u.HasField("peak_memory_bytes") else None
+    return cpu_s, peak_mib
 
 
 def cost_of(calls: Sequence[common_pb2.CallRecord], samples: Sequence[trajectory_pb2.Sample]) -> RolloutCost:
@@ -122,9 +133,10 @@ class HarnessResult:
     costs: dict[str, RolloutCost]
 
     def mean_cost(self) -> dict[str, float | None]:
-        """Mean ``turns``, ``tokens``, ``sampled``, ``samples`` per rollout and ``seconds`` per
-        rollout (None where nothing was measured)."""
+        """Mean ``turns``, ``tokens``, ``sampled``, ``samples``, ``seconds``, sandbox ``cpu_s``
+        and sandbox ``peak_mib`` per rollout (None where nothing was measured)."""
         costs = list(self.costs.values())
+        usage = [sandbox_usage(r) for r in self.report.rollouts]
 
         def mean(values: Sequence[float]) -> float | None:
             return sum(values) / len(values) if values else None
@@ -135,6 +147,8 @@ class HarnessResult:
             "sampled": mean([c.sampled for c in costs]),
             "samples": mean([c.samples for c in costs]),
             "seconds": mean([s for r in self.report.rollouts if (s := rollout_seconds(r)) is not None]),
+            "cpu_s": mean([cpu for cpu, _ in usage if cpu is not None]),
+            "peak_mib": mean([peak for _, peak in usage if peak is not None]),
         }
 
     def to_json(self) -> dict[str, object]:
@@ -142,7 +156,16 @@ class HarnessResult:
         return {**self.report.to_json(), "harness": self.harness, "cost": self.mean_cost()}
 
 
-_COST_FORMATS = (("turns", ".1f"), ("tokens", ".0f"), ("sampled", ".0f"), ("samples", ".2f"), ("seconds", ".1f"))
+#: (cost key, column, format) of the table's cost columns.
+_COST_COLUMNS = (
+    ("turns", "turns", ".1f"),
+    ("tokens", "tokens", ".0f"),
+    ("sampled", "sampled", ".0f"),
+    ("samples", "samples", ".2f"),
+    ("seconds", "s/rollout", ".1f"),
+    ("cpu_s", "sandbox CPU s", ".1f"),
+    ("peak_mib", "peak MiB", ".0f"),
+)
 
 
 def harness_table(results: Sequence[HarnessResult], ks: Sequence[int], title: str = "") -> Table:
@@ -155,14 +178,14 @@ def harness_table(results: Sequence[HarnessResult], ks: Sequence[int], title: st
     for k in ks:
         table.add_column(f"pass@{k}", justify="right")
         table.add_column(f"pass^{k}", justify="right")
-    for name in ("turns", "tokens", "sampled", "samples", "s/rollout"):
-        table.add_column(name, justify="right")
+    for _, column, _ in _COST_COLUMNS:
+        table.add_column(column, justify="right")
     for r in results:
         cells = [r.harness, str(sum(t.n for t in r.report.tasks)), f"{r.report.reward_mean:.3f}"]
         for k in ks:
             cells += [f"{r.report.pass_at(k):.3f}", f"{r.report.pass_hat(k):.3f}"]
         cost = r.mean_cost()
-        for key, fmt in _COST_FORMATS:
+        for key, _, fmt in _COST_COLUMNS:
             value = cost[key]
             cells.append("-" if value is None else format(value, fmt))
         table.add_row(*cells)

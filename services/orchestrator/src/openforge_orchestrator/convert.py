@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from openforge.common.v1 import common_pb2
@@ -23,7 +24,7 @@ def _ts(unix_s: float) -> Timestamp | None:
 
 
 def rollout_to_proto(r: Rollout) -> common_pb2.Rollout:
-    """Domain rollout → proto (unset times stay unset)."""
+    """Domain rollout → proto (unset times and unaccounted sandbox figures stay unset)."""
     msg = common_pb2.Rollout(
         rollout_id=r.rollout_id,
         run_id=r.run_id,
@@ -46,4 +47,10 @@ def rollout_to_proto(r: Rollout) -> common_pb2.Rollout:
         ts = _ts(value)
         if ts is not None:
             getattr(msg, name).CopyFrom(ts)
+    if r.sandbox_cpu_s is not None:
+        cpu = Duration()
+        cpu.FromNanoseconds(round(r.sandbox_cpu_s * 1e9))
+        msg.sandbox_usage.cpu_time.CopyFrom(cpu)
+    if r.sandbox_peak_memory_bytes is not None:
+        msg.sandbox_usage.peak_memory_bytes = r.sandbox_peak_memory_bytes
     return msg

@@ -22,7 +22,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2
-from openforge_cli.compare import rollout_seconds
+from openforge_cli.compare import rollout_seconds, sandbox_usage
 
 #: Request and response bodies longer than this many bytes are cut (the page says so).
 MAX_BODY_BYTES = 256 * 1024
@@ -167,6 +167,7 @@ def outcomes(rollouts: Iterable[common_pb2.Rollout], pass_threshold: float = 1.0
 def _harness_figures(name: str, rollouts: list[common_pb2.Rollout], pass_threshold: float) -> dict[str, Any]:
     rewards = [r.reward for r in rollouts if r.HasField("reward")]
     seconds = [s for r in rollouts if (s := rollout_seconds(r)) is not None]
+    peaks = [peak for r in rollouts if (peak := sandbox_usage(r)[1]) is not None]
     return {
         "harness": name,
         "rollouts": len(rollouts),
@@ -177,12 +178,15 @@ def _harness_figures(name: str, rollouts: list[common_pb2.Rollout], pass_thresho
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,
         "passed": sum(1 for x in rewards if x >= pass_threshold),
         "mean_s": sum(seconds) / len(seconds) if seconds else None,
+        "peak_mib": max(peaks) if peaks else None,
     }
 
 
 def rollout(r: common_pb2.Rollout) -> dict[str, Any]:
     """A rollout with its status name (``SUCCEEDED``...), reward (``None`` until verified),
-    verifier output, times and duration in seconds (``None`` until it ended)."""
+    verifier output, times, duration in seconds (``None`` until it ended) and its sandbox's CPU
+    seconds and peak MiB (``None`` where not accounted)."""
+    cpu_s, peak_mib = sandbox_usage(r)
     return {
         "rollout_id": r.rollout_id,
         "run_id": r.run_id,
@@ -198,6 +202,8 @@ def rollout(r: common_pb2.Rollout) -> dict[str, Any]:
         "start_time": _time(r.start_time),
         "end_time": _time(r.end_time),
         "duration_s": rollout_seconds(r),
+        "sandbox_cpu_s": cpu_s,
+        "sandbox_peak_mib": peak_mib,
         "min_policy_version": r.min_policy_version,
     }
 

@@ -699,6 +699,7 @@ class Rollout(_message.Message):
     START_TIME_FIELD_NUMBER: _builtins.int
     END_TIME_FIELD_NUMBER: _builtins.int
     MIN_POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    SANDBOX_USAGE_FIELD_NUMBER: _builtins.int
     rollout_id: _builtins.str
     """Unique rollout id."""
     run_id: _builtins.str
@@ -733,6 +734,12 @@ class Rollout(_message.Message):
     def end_time(self) -> _timestamp_pb2.Timestamp:
         """When the rollout reached a terminal status."""
 
+    @_builtins.property
+    def sandbox_usage(self) -> Global___SandboxUsage:
+        """What the harness's sandbox used, read from its cgroup when the harness ended;
+        unset while running and where the sandbox backend accounts nothing (no cgroup).
+        """
+
     def __init__(
         self,
         *,
@@ -750,16 +757,53 @@ class Rollout(_message.Message):
         start_time: _timestamp_pb2.Timestamp | None = ...,
         end_time: _timestamp_pb2.Timestamp | None = ...,
         min_policy_version: _builtins.int = ...,
+        sandbox_usage: Global___SandboxUsage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_reward", b"_reward", "create_time", b"create_time", "end_time", b"end_time", "reward", b"reward", "start_time", b"start_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_reward", b"_reward", "create_time", b"create_time", "end_time", b"end_time", "reward", b"reward", "sandbox_usage", b"sandbox_usage", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_reward", b"_reward", "create_time", b"create_time", "end_time", b"end_time", "failure_reason", b"failure_reason", "group_id", b"group_id", "group_index", b"group_index", "harness", b"harness", "min_policy_version", b"min_policy_version", "reward", b"reward", "rollout_id", b"rollout_id", "run_id", b"run_id", "start_time", b"start_time", "status", b"status", "task_id", b"task_id", "verifier_output", b"verifier_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_reward", b"_reward", "create_time", b"create_time", "end_time", b"end_time", "failure_reason", b"failure_reason", "group_id", b"group_id", "group_index", b"group_index", "harness", b"harness", "min_policy_version", b"min_policy_version", "reward", b"reward", "rollout_id", b"rollout_id", "run_id", b"run_id", "sandbox_usage", b"sandbox_usage", "start_time", b"start_time", "status", b"status", "task_id", b"task_id", "verifier_output", b"verifier_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__reward: _TypeAlias = _typing.Literal["reward"]  # noqa: Y015
     _WhichOneofArgType__reward: _TypeAlias = _typing.Literal["_reward", b"_reward"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__reward) -> _WhichOneofReturnType__reward | None: ...
 
 Global___Rollout: _TypeAlias = Rollout  # noqa: Y015
+
+@_typing.final
+class SandboxUsage(_message.Message):
+    """Resources one rollout's sandbox used (its cgroup: v2 cpu.stat and memory.peak, or
+    v1 cpuacct.usage and memory.max_usage_in_bytes).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CPU_TIME_FIELD_NUMBER: _builtins.int
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    peak_memory_bytes: _builtins.int
+    """Highest memory use of the sandbox, bytes; unset where not accounted (cgroup v2
+    before Linux 5.19 has no memory.peak).
+    """
+    @_builtins.property
+    def cpu_time(self) -> _duration_pb2.Duration:
+        """CPU time of every process in the sandbox (harness and its tools); unset where
+        not accounted.
+        """
+
+    def __init__(
+        self,
+        *,
+        cpu_time: _duration_pb2.Duration | None = ...,
+        peak_memory_bytes: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_peak_memory_bytes", b"_peak_memory_bytes", "cpu_time", b"cpu_time", "peak_memory_bytes", b"peak_memory_bytes"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_peak_memory_bytes", b"_peak_memory_bytes", "cpu_time", b"cpu_time", "peak_memory_bytes", b"peak_memory_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__peak_memory_bytes: _TypeAlias = _typing.Literal["peak_memory_bytes"]  # noqa: Y015
+    _WhichOneofArgType__peak_memory_bytes: _TypeAlias = _typing.Literal["_peak_memory_bytes", b"_peak_memory_bytes"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__peak_memory_bytes) -> _WhichOneofReturnType__peak_memory_bytes | None: ...
+
+Global___SandboxUsage: _TypeAlias = SandboxUsage  # noqa: Y015
 
 @_typing.final
 class RunManifest(_message.Message):

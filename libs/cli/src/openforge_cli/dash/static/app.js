@@ -216,13 +216,15 @@ function harnessesView(o) {
   const pct = (n, d) => (d ? `${n} (${Math.round((100 * n) / d)}%)` : "–");
   return h("table", { id: "harnesses" },
     h("thead", {}, h("tr", {}, h("th", {}, "harness"), h("th.num", {}, "rollouts"), h("th.num", {}, "mean reward"),
-      h("th.num", {}, "passed"), h("th.num", {}, "mean duration"), h("th", {}, "statuses"))),
+      h("th.num", {}, "passed"), h("th.num", {}, "mean duration"), h("th.num", {}, "peak sandbox memory"),
+      h("th", {}, "statuses"))),
     h("tbody", {}, o.harnesses.map((x) => h("tr", { "data-harness": x.harness, "data-rollouts": String(x.rollouts) },
       h("td", {}, x.harness),
       h("td.num", {}, String(x.rollouts)),
       h("td.num", {}, fmt(x.reward_mean)),
       h("td.num", {}, pct(x.passed, x.rollouts)),
       h("td.num", {}, x.mean_s === null ? "–" : x.mean_s.toFixed(1) + " s"),
+      h("td.num", {}, x.peak_mib === null ? "–" : x.peak_mib.toFixed(0) + " MiB"),
       h("td", {}, Object.entries(x.statuses).map(([st, n]) => h("span.outcome", {}, statusCell(st), ` ${n} `)))))));
 }
 
@@ -388,6 +390,9 @@ async function showRollout(rolloutId) {
       h("dt", {}, "group"), h("dd", {}, `${r.group_id} #${r.group_index}`),
       h("dt", {}, "harness"), h("dd", {}, r.harness),
       h("dt", {}, "started / ended"), h("dd", {}, `${r.start_time || "–"} / ${r.end_time || "–"}`),
+      h("dt", {}, "sandbox CPU / peak memory"), h("dd", { id: "sandbox-usage" },
+        `${r.sandbox_cpu_s === null ? "–" : r.sandbox_cpu_s.toFixed(1) + " s"} / ` +
+        `${r.sandbox_peak_mib === null ? "–" : r.sandbox_peak_mib.toFixed(0) + " MiB"}`),
       h("dt", {}, "failure"), h("dd", {}, r.failure_reason || "–"))),
     h("h2", {}, "Verifier output"),
     r.verifier_output ? h("pre", { id: "verifier" }, r.verifier_output) : h("p.muted", { id: "verifier" }, "none recorded"),
