@@ -103,6 +103,8 @@ def _ended(r: common_pb2.Rollout, status: int, reward: float | None, verifier: s
     done.failure_reason = failure
     done.start_time.FromSeconds(r.create_time.seconds + 1)
     done.end_time.FromSeconds(r.create_time.seconds + 9)
+    done.sandbox_usage.cpu_time.FromMilliseconds(3500)
+    done.sandbox_usage.peak_memory_bytes = (100 + 10 * r.group_index) * 2**20
     return done
 
 
@@ -392,12 +394,13 @@ def test_dashboard_shows_the_curves_rollouts_and_a_trajectory(
     causes = _element(outcomes, "table", "failure-causes")
     assert '<tr data-status="TIMED_OUT" data-count="1">' in causes
     assert '<td class="cause">task timeout (N s) reached</td>' in causes
-    harnesses = _element(page, "table", "harnesses")  # per harness: rollouts, mean reward, passed, duration
+    # per harness: rollouts, mean reward, passed, duration, peak sandbox memory
+    harnesses = _element(page, "table", "harnesses")
     rows = re.findall(r'<tr data-harness="([^"]+)" data-rollouts="(\d+)">(.*?)</tr>', harnesses)
     assert [(name, n) for name, n, _ in rows] == [("codex", "1"), ("openclaw", "2")]
     cells = {name: re.findall(r'<td class="num">([^<]*)</td>', row) for name, _, row in rows}
-    assert cells["openclaw"] == ["2", "0.500", "1 (50%)", "8.0 s"]
-    assert cells["codex"] == ["1", "–", "0 (0%)", "8.0 s"]
+    assert cells["openclaw"] == ["2", "0.500", "1 (50%)", "8.0 s", "110 MiB"]
+    assert cells["codex"] == ["1", "–", "0 (0%)", "8.0 s", "120 MiB"]
 
     filtered = _dom(chromium, f"{url}#/run/{RUN}?status=SUCCEEDED&min_reward=0.5&task={TASK}", tmp_path)
     assert re.findall(r'data-rollout="([^"]+)"', _element(filtered, "table", "rollouts")) == ["ro-pass"]
@@ -411,6 +414,7 @@ def test_dashboard_shows_the_curves_rollouts_and_a_trajectory(
     assert "Done: hello.txt now contains hello-from-harness." in calls
     assert 'class="break-cause">NONE<' in calls  # the splice report of the second call
     assert VERIFIER_PASS.splitlines()[0] in _element(traj, "pre", "verifier")
+    assert '<dd id="sandbox-usage">3.5 s / 100 MiB</dd>' in _element(traj, "dl", "rollout-summary")
     samples = traj[traj.index('id="samples"') :]
     trained = re.findall(r'<span class="tok mask-1"', samples)
     assert len(trained) == sum(sample.loss_mask) > 0
