@@ -171,8 +171,8 @@ class Reference:
         import torch
         from transformers import AutoTokenizer
 
+        from openforge_core.run_config import RunConfig
         from openforge_trainer.backends.torch_backend import TorchBackend
-        from openforge_trainer.domain.config import RunConfig
 
         self.tok: Any = AutoTokenizer.from_pretrained(str(model_dir))
         self.harness = Harness.load(settings)

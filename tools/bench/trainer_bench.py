@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from openforge_core.run_config import RunConfig
 from openforge_trainer.backends.base import create_backend
-from openforge_trainer.domain.config import RunConfig
 from openforge_trainer.domain.samples import TrainBatch, TrainSample
 
 CAP, EPS_LOW, EPS_HIGH, CLIP_C = 2.0, 0.2, 0.28, 3.0

@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from openforge_core.run_config import RunConfig
 from openforge_trainer.backends.base import create_backend
-from openforge_trainer.domain.config import RunConfig
 from openforge_trainer.domain.samples import TrainBatch, TrainSample
 
 #: The inference service's vLLM worker extension (``openforge_reload_weights``).

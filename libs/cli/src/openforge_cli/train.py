@@ -66,7 +66,9 @@ from openforge.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from openforge_cli import local
 from openforge_cli.eval import EvalReport, RolloutSpec, evaluate, report_table, split_tasks, stack_port_options
 from openforge_cli.progress import RunProgress
+from openforge_core.engine_names import ENGINE_NAMES
 from openforge_core.rpc.client import open_channel, wait_serving
+from openforge_core.run_config import RunConfig
 from openforge_core.settings import SettingsSection
 
 TRAINER_SERVICE = "openforge.trainer.v1.TrainerService"
@@ -165,7 +167,7 @@ class TrainConfig(SettingsSection):
         tasks: Task ids of ``split`` (empty: all of it).
         stack: The local services.
         warm_start: SFT before RL (None: none).
-        run: Trainer run-config fields of the RL run (services/trainer ``RunConfig``);
+        run: Trainer run-config fields of the RL run (``openforge_core.run_config.RunConfig``);
             ``model``, ``mode``, ``harness``, ``task_split`` and ``tasks`` are filled in.
         eval: Evaluation before and after RL (None: none).
     """
@@ -281,15 +283,12 @@ def check_split(
 
 
 def check_run_config(field: str, data: dict[str, Any]) -> None:
-    """Validates a trainer run config against the trainer's ``RunConfig`` (when it is installed).
+    """Validates a trainer run config against the trainer's ``RunConfig``
+    (:mod:`openforge_core.run_config`).
 
     Raises:
         click.ClickException: One line, every bad field named as ``<field>.<name>``.
     """
-    try:
-        from openforge_trainer.domain.config import RunConfig
-    except ImportError:  # the trainer is not installed here (attached to running services): it checks
-        return
     try:
         RunConfig.model_validate(data)
     except ValidationError as exc:
@@ -300,7 +299,7 @@ def check_run_config(field: str, data: dict[str, Any]) -> None:
 def check_config(cfg: TrainConfig) -> None:
     """Checks what the schema cannot before anything starts: the harness and engine names, the
     task root, splits and task ids, the model (or ``init_tiny``), and the trainer run configs of
-    the RL run and the warm start (against the trainer's ``RunConfig`` when it is installed).
+    the RL run and the warm start (against the trainer's ``RunConfig``).
 
     Raises:
         click.ClickException: The first problem, one line naming the field and value.
@@ -320,7 +319,7 @@ def check_config(cfg: TrainConfig) -> None:
 
 
 def check_names(cfg: TrainConfig) -> None:
-    """Checks the harness name and the engine names (when the inference package is installed).
+    """Checks the harness name and the engine names (:data:`openforge_core.engine_names.ENGINE_NAMES`).
 
     Raises:
         click.ClickException: One line naming the field and the unknown name.
@@ -330,17 +329,14 @@ def check_names(cfg: TrainConfig) -> None:
     harnesses = sorted([*PINS, "command"])
     if cfg.harness not in harnesses:
         raise click.ClickException(f"harness: unknown harness {cfg.harness!r} (one of {harnesses})")
-    known_engines: tuple[str, ...] = ()
-    with contextlib.suppress(ImportError):  # inference not installed here: it refuses the name itself
-        from openforge_inference.engines import ENGINE_NAMES as known_engines
     engines = [
         ("stack.engine", cfg.stack.engine),
         ("stack.fallback_engine", cfg.stack.fallback_engine),
         ("warm_start.engine", cfg.warm_start.engine if cfg.warm_start else ""),
     ]
     for field, name in engines:
-        if name and known_engines and name not in known_engines:
-            raise click.ClickException(f"{field}: unknown engine {name!r} (one of {list(known_engines)})")
+        if name and name not in ENGINE_NAMES:
+            raise click.ClickException(f"{field}: unknown engine {name!r} (one of {list(ENGINE_NAMES)})")
     if cfg.harness_config is not None:
         if cfg.harness not in HARNESS_CONFIG_FILES:
             raise click.ClickException(

@@ -7,8 +7,9 @@ import math
 
 import pytest
 
+from openforge_core.engine_names import ENGINE_NAMES
 from openforge_core.errors import ErrorCode
-from openforge_inference.engines import ENGINE_NAMES, create_engine
+from openforge_inference.engines import _REGISTRY, check_registry, create_engine
 from openforge_inference.engines._common import WeightState
 from openforge_inference.engines.base import (
     CheckpointError,
@@ -103,3 +104,11 @@ def test_registry_lists_engines_and_rejects_unknown(tmp_path: object) -> None:
     assert ENGINE_NAMES == ("scripted-oracle", "transformers", "vllm")
     with pytest.raises(ValueError, match="unknown engine"):
         create_engine("tgi", EngineConfig(model_path=tmp_path))  # type: ignore[arg-type]
+
+
+def test_registry_registers_exactly_the_contracts_engine_names() -> None:
+    check_registry(_REGISTRY)  # what the package checks at import
+    with pytest.raises(RuntimeError, match=r"engine registry \['transformers', 'vllm'\] differs"):
+        check_registry({k: v for k, v in _REGISTRY.items() if k != "scripted-oracle"})
+    with pytest.raises(RuntimeError, match="differs"):
+        check_registry({**_REGISTRY, "tgi": "somewhere:Tgi"})

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from openforge_inference.engines import ENGINE_NAMES, create_engine
+from openforge_core.engine_names import ENGINE_NAMES
+from openforge_inference.engines import create_engine
 from openforge_inference.engines.base import (
     CheckpointError,
     Engine,

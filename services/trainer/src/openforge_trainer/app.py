@@ -10,11 +10,12 @@ import structlog
 
 from openforge.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from openforge_core.events import EventBus
+from openforge_core.run_config import RunConfig
 from openforge_trainer.adapters.clients import InferenceClient, OrchestratorClient, StoreClient
 from openforge_trainer.adapters.sinks import EventSink, TensorBoardSink
 from openforge_trainer.adapters.storage import FileCheckpointStore
 from openforge_trainer.backends.base import TrainerBackend, create_backend
-from openforge_trainer.domain.config import RunConfig, read_config_file
+from openforge_trainer.domain.config import read_config_file
 from openforge_trainer.domain.loop import LoopDeps
 from openforge_trainer.domain.ports import MetricsSink
 from openforge_trainer.domain.runs import RunManager

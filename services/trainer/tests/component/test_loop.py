@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from openforge_core.run_config import RunConfig
 from openforge_trainer.adapters.storage import FileCheckpointStore
 from openforge_trainer.backends.base import create_backend
-from openforge_trainer.domain.config import RunConfig
 from openforge_trainer.domain.loop import LoopDeps, TrainingLoop
 
 

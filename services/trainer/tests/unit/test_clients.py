@@ -12,8 +12,9 @@ import pytest
 from openforge.common.v1 import common_pb2
 from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from openforge_core.errors import InvalidArgument
+from openforge_core.run_config import RunConfig
 from openforge_trainer.adapters.clients import OrchestratorClient
-from openforge_trainer.domain.config import RunConfig, parse_run_config
+from openforge_trainer.domain.config import parse_run_config
 from openforge_trainer.domain.loop import LoopDeps, TrainingLoop
 
 

@@ -18,8 +18,8 @@ from loop_fakes import MemoryCheckpoints, RecordingBackend, completed_after
 
 from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2
+from openforge_core.run_config import RunConfig
 from openforge_trainer.adapters.clients import group_from_proto
-from openforge_trainer.domain.config import RunConfig
 from openforge_trainer.domain.loop import LoopDeps, TrainingLoop
 from openforge_trainer.domain.ports import RolloutRequest
 from openforge_trainer.domain.samples import CompletedGroup, TrainBatch

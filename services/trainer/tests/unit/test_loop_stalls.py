@@ -10,7 +10,7 @@ from typing import Any
 from loop_fakes import MemoryCheckpoints, RecordingBackend, completed_after
 
 from openforge_core.errors import Unavailable
-from openforge_trainer.domain.config import RunConfig
+from openforge_core.run_config import RunConfig
 from openforge_trainer.domain.loop import LoopDeps, TrainingLoop
 from openforge_trainer.domain.ports import RolloutRequest
 from openforge_trainer.domain.samples import CompletedGroup, TrainSample

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from openforge_trainer.domain.config import RunConfig
+from openforge_core.run_config import RunConfig
 from openforge_trainer.domain.samples import TrainSample
 
 pytestmark = pytest.mark.usefixtures("heavy_stack")

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from openforge_trainer.domain.config import RunConfig
+from openforge_core.run_config import RunConfig
 from openforge_trainer.domain.samples import TrainBatch, TrainSample
 
 CAP = 2.0

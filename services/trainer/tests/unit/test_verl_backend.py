@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from openforge_core.errors import InvalidArgument
-from openforge_trainer.domain.config import RunConfig
+from openforge_core.run_config import RunConfig
 from openforge_trainer.domain.samples import TrainBatch, TrainSample
 
 BASE: dict[str, Any] = {"model": "m", "tasks": ["t"], "group_size": 3, "groups_per_step": 2}

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from openforge_core.errors import FailedPrecondition
-from openforge_trainer.domain.config import RunConfig
+from openforge_core.run_config import RunConfig
 from openforge_trainer.domain.samples import TrainSample
 
 BASE: dict[str, Any] = {

@@ -5,11 +5,13 @@ when its engine is created."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import Final
 
+from openforge_core.engine_names import ENGINE_NAMES
 from openforge_inference.engines.base import Engine, EngineConfig
 
-__all__ = ["ENGINE_NAMES", "create_engine"]
+__all__ = ["check_registry", "create_engine"]
 
 _REGISTRY: Final[dict[str, str]] = {
     "vllm": "openforge_inference.engines.vllm_engine:VllmEngine",
@@ -17,8 +19,22 @@ _REGISTRY: Final[dict[str, str]] = {
     "scripted-oracle": "openforge_inference.engines.scripted_oracle:ScriptedOracleEngine",
 }
 
-#: Engine names :func:`create_engine` accepts.
-ENGINE_NAMES: Final[tuple[str, ...]] = tuple(sorted(_REGISTRY))
+
+def check_registry(registry: Mapping[str, str]) -> None:
+    """Checks that ``registry`` registers exactly the engine names of the contract
+    (:data:`openforge_core.engine_names.ENGINE_NAMES`, which the CLI checks names against).
+
+    Raises:
+        RuntimeError: A name is missing from the registry or from the contract.
+    """
+    if sorted(registry) != sorted(ENGINE_NAMES):
+        raise RuntimeError(
+            f"engine registry {sorted(registry)} differs from openforge_core.engine_names.ENGINE_NAMES "
+            f"{list(ENGINE_NAMES)}"
+        )
+
+
+check_registry(_REGISTRY)
 
 
 def create_engine(name: str, config: EngineConfig) -> Engine:

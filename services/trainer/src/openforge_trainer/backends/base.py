@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from openforge_core.errors import InvalidArgument
-from openforge_trainer.domain.config import RunConfig
+from openforge_core.run_config import RunConfig
 from openforge_trainer.domain.samples import TrainBatch
 
 #: Backend name → ``"module:Class"``; the class is called with the run config.

@@ -45,9 +45,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
+from openforge_core.run_config import RunConfig
 from openforge_trainer.backends import hf_common, verl_batch
 from openforge_trainer.backends.base import OPTIMIZER_FILE
-from openforge_trainer.domain.config import RunConfig
 from openforge_trainer.domain.samples import TrainBatch, TrainSample
 
 if TYPE_CHECKING:

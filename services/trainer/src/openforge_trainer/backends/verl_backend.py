@@ -39,8 +39,8 @@ from typing import Any, Final
 import structlog
 
 from openforge_core.errors import InvalidArgument
+from openforge_core.run_config import RunConfig
 from openforge_trainer.backends import hf_common, verl_batch, verl_cpu, verl_worker
-from openforge_trainer.domain.config import RunConfig
 from openforge_trainer.domain.samples import TrainBatch
 
 log = structlog.get_logger(__name__)

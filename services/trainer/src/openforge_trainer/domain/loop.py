@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from openforge_core.errors import FailedPrecondition
-from openforge_trainer.domain.config import RunConfig
+from openforge_core.run_config import RunConfig
 from openforge_trainer.domain.ports import (
     Checkpoint,
     CheckpointStore,

@@ -15,7 +15,8 @@ from typing import Any, Protocol
 import structlog
 
 from openforge_core.errors import FailedPrecondition, InvalidArgument, NotFound
-from openforge_trainer.domain.config import RunConfig, parse_run_config
+from openforge_core.run_config import RunConfig
+from openforge_trainer.domain.config import parse_run_config
 from openforge_trainer.domain.loop import LoopDeps, TrainingLoop
 
 log = structlog.get_logger(__name__)
