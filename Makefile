@@ -38,9 +38,10 @@ harness-clis: ## Install the pinned Claude Code, Codex and OpenClaw CLIs (+ Node
 harnesses: setup harness-clis ## Also install mini-swe-agent for the sandboxed rollout tests (needs bubblewrap: apt-get install bubblewrap)
 	$(BIN)/openforge harness install mini-swe-agent
 
-lint: setup ## ruff (lint + format check) and buf lint
+lint: setup ## ruff (lint + format check), import contracts (lint-imports: libs never import services, services never each other) and buf lint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 	cd protos && ../node_modules/.bin/buf lint
 
 typecheck: setup ## mypy --strict over libs, services, tools and tests (generated code excluded)
