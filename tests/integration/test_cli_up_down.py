@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +19,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from openforge_cli import local
 from openforge_testing.servers import free_port, free_port_block
+
+#: The Grafana dashboard for a cluster's Prometheus (``deploy/grafana``).
+GRAFANA_DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "openforge.json"
+#: The sample names a metric family of each type serves.
+_SAMPLE_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+
+
+def _dashboard_metrics() -> set[str]:
+    """The metric names the Grafana dashboard's queries read (label names and matchers left out)."""
+    panels = json.loads(GRAFANA_DASHBOARD.read_text())["panels"]
+    exprs = [t["expr"] for p in panels for t in p.get("targets", [])]
+    assert len(exprs) >= 10, exprs
+    bare = [re.sub(r"\{[^}]*\}|\bby \([^)]*\)", "", e) for e in exprs]
+    return {m for e in bare for m in re.findall(r"\b(?:openforge|process|grpc)_[a-z_]+\b", e)}
 
 
 def _alive(pid: int) -> bool:
@@ -69,10 +85,13 @@ def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
     st = _cli("status", "--state-dir", "st", cwd=tmp_path)
     assert st.returncode == 0 and st.stdout.count("SERVING") == 5
     assert st.stdout.count(" MiB") == 5, st.stdout  # each service's memory, from its metrics
+    served: set[str] = set()  # every sample name some service serves (or will, once labelled)
     for p in state.processes:  # Prometheus scrapes each service: process figures, and its calls
         if p.name != "nats":
             with urllib.request.urlopen(f"http://{p.metrics}/metrics", timeout=5) as resp:
-                samples = [s for f in text_string_to_metric_families(resp.read().decode()) for s in f.samples]
+                families = list(text_string_to_metric_families(resp.read().decode()))
+            samples = [s for f in families for s in f.samples]
+            served |= {f.name + suffix for f in families for suffix in _SAMPLE_SUFFIXES.get(f.type, ("",))}
             found = {s.name: s for s in samples if not s.labels}
             assert found["process_resident_memory_bytes"].value > 10 * 2**20, p.name
             assert found["process_cpu_seconds_total"].value > 0, p.name
@@ -84,6 +103,9 @@ def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
                 and s.labels["grpc_code"] == "OK"
             ]
             assert health_checks and health_checks[0] >= 2, p.name  # `up`'s wait, `local.health`, `status`
+    wanted = _dashboard_metrics()  # the Grafana dashboard reads only what the services serve
+    assert {"openforge_train_metric", "openforge_rollouts_finished_total", "process_cpu_seconds_total"} <= wanted
+    assert wanted - served == set(), sorted(served)
     assert asyncio.run(_max_payload(state.nats_url)) == 8 * 1024 * 1024  # as deploy/k8s's NATS
     again = _cli(
         "up",

@@ -1,4 +1,4 @@
-"""Prometheus metrics: the gRPC server's calls counted by code, and the ``/metrics`` endpoint."""
+"""Prometheus metrics: the gRPC server's calls counted by code, the GPUs, and the ``/metrics`` endpoint."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from openforge_core.errors import NotFound
-from openforge_core.metrics import GrpcServerMetrics, start_metrics_endpoint
+from openforge_core.metrics import GpuCollector, GrpcServerMetrics, load_nvml, start_metrics_endpoint
 from openforge_core.rpc.client import open_channel
 from openforge_core.rpc.server import GrpcServer
 from openforge_core.settings import GrpcServerSettings, MetricsSettings
@@ -96,3 +96,28 @@ def test_the_endpoint_serves_the_registry_in_the_prometheus_format() -> None:
         assert taken is None  # a port in use is logged, not fatal
     finally:
         endpoint.close()
+
+
+def test_the_gpus_are_read_from_nvml_and_served_empty_without_one() -> None:
+    """On a machine without an NVIDIA driver (NVML cannot start) the four families are there with
+    no samples; with one, a sample per GPU."""
+    registry = CollectorRegistry()
+    nvml = load_nvml()
+    registry.register(GpuCollector(nvml))
+    endpoint = start_metrics_endpoint(MetricsSettings(port=0), registry)
+    assert endpoint is not None
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=5) as resp:
+            families = {f.name: f for f in text_string_to_metric_families(resp.read().decode())}
+    finally:
+        endpoint.close()
+    names = ("utilization_ratio", "memory_used_bytes", "memory_total_bytes", "process_memory_bytes")
+    gpu = {n: families[f"openforge_gpu_{n}"].samples for n in names}
+    if nvml is None:
+        assert all(samples == [] for samples in gpu.values()), gpu
+        return
+    count = nvml.nvmlDeviceGetCount()
+    assert all(len(samples) == count for samples in gpu.values()), gpu
+    for used, total in zip(gpu["memory_used_bytes"], gpu["memory_total_bytes"], strict=True):
+        assert 0 <= used.value <= total.value and total.value > 2**30
+    assert all(0 <= s.value <= 1 for s in gpu["utilization_ratio"])

@@ -11,16 +11,22 @@ Every service serves its metrics in the Prometheus text format over HTTP when
   dashboards and alerts apply: ``grpc_server_started_total``, ``grpc_server_handled_total``
   (with ``grpc_code``) and the histogram ``grpc_server_handling_seconds``, labelled
   ``grpc_type``, ``grpc_service``, ``grpc_method``. For a server-streaming method, handling
-  lasts until the stream ends.
+  lasts until the stream ends;
+* the GPUs, from NVML (``nvidia-ml-py``) at each scrape (:class:`GpuCollector`):
+  ``openforge_gpu_utilization_ratio{gpu}``, ``openforge_gpu_memory_used_bytes{gpu}``,
+  ``openforge_gpu_memory_total_bytes{gpu}`` and ``openforge_gpu_process_memory_bytes{gpu}``
+  (what this process holds); without a driver or GPU the families are served with no samples.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -29,6 +35,8 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from openforge_core.rpc.wrap import GuardingInterceptor, wrap_handler
 from openforge_core.settings import MetricsSettings
@@ -109,6 +117,73 @@ class MetricsInterceptor(GuardingInterceptor):
         return wrap_handler(handler, observed)
 
 
+def load_nvml() -> Any | None:
+    """The ``pynvml`` module (``nvidia-ml-py``) after ``nvmlInit()``, or None where NVML cannot
+    start (no NVIDIA driver: ``NVMLError_LibraryNotFound``; no GPU; a driver error)."""
+    try:
+        nvml: Any = importlib.import_module("pynvml")
+        nvml.nvmlInit()
+    except Exception as exc:  # pynvml.NVMLError and its subclasses, or the import itself
+        log.info("metrics.gpu_unavailable", reason=str(exc) or type(exc).__name__)
+        return None
+    return nvml
+
+
+class GpuCollector(Collector):
+    """Each GPU's utilisation and memory, read from NVML at scrape time (the figures
+    ``nvidia-smi`` shows), and the memory this process holds on it.
+
+    ``gpu`` is the NVML device index (every GPU of the machine, whatever
+    ``CUDA_VISIBLE_DEVICES`` says). Process memory is matched by pid, so in a container whose pid
+    namespace is not the host's it reads 0: read the device figures there.
+
+    Args:
+        nvml: An initialised ``pynvml`` module (:func:`load_nvml`), or None (no GPU: the four
+            families are served empty, so a dashboard's queries stay valid).
+    """
+
+    def __init__(self, nvml: Any | None) -> None:
+        self._nvml = nvml
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        util = GaugeMetricFamily(
+            "openforge_gpu_utilization_ratio", "GPU busy share (0-1) over NVML's last sample period.", labels=["gpu"]
+        )
+        used = GaugeMetricFamily(
+            "openforge_gpu_memory_used_bytes", "GPU memory in use, all processes, bytes.", labels=["gpu"]
+        )
+        total = GaugeMetricFamily("openforge_gpu_memory_total_bytes", "GPU memory, bytes.", labels=["gpu"])
+        mine = GaugeMetricFamily(
+            "openforge_gpu_process_memory_bytes", "GPU memory this process holds, bytes.", labels=["gpu"]
+        )
+        nvml = self._nvml
+        if nvml is not None:
+            try:
+                for i in range(nvml.nvmlDeviceGetCount()):
+                    handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                    util.add_metric([str(i)], nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100)
+                    used.add_metric([str(i)], memory.used)
+                    total.add_metric([str(i)], memory.total)
+                    held = [
+                        p.usedGpuMemory or 0
+                        for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                        if p.pid == os.getpid()
+                    ]
+                    mine.add_metric([str(i)], sum(held))
+            except nvml.NVMLError as exc:  # a GPU fell off the bus, the driver was reloaded...
+                log.warning("metrics.gpu_read_failed", error=str(exc))
+        yield from (util, used, total, mine)
+
+
+@cache
+def register_gpu_collector(registry: CollectorRegistry = REGISTRY) -> GpuCollector:
+    """Registers one :class:`GpuCollector` (over :func:`load_nvml`) in ``registry``, once."""
+    collector = GpuCollector(load_nvml())
+    registry.register(collector)
+    return collector
+
+
 @dataclass
 class MetricsEndpoint:
     """A running ``/metrics`` HTTP endpoint (a daemon thread of ``prometheus_client``)."""
@@ -139,6 +214,8 @@ def start_metrics_endpoint(settings: MetricsSettings, registry: CollectorRegistr
     """
     if settings.port is None:
         return None
+    if registry is REGISTRY:  # the service's own endpoint: its GPUs too
+        register_gpu_collector(registry)
     try:
         server, thread = start_http_server(settings.port, settings.host, registry)
     except OSError as exc:

@@ -12,7 +12,7 @@ from openforge.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from openforge_core.events import EventBus
 from openforge_core.run_config import RunConfig
 from openforge_trainer.adapters.clients import InferenceClient, OrchestratorClient, StoreClient
-from openforge_trainer.adapters.sinks import EventSink, TensorBoardSink
+from openforge_trainer.adapters.sinks import EventSink, TensorBoardSink, default_prometheus_sink
 from openforge_trainer.adapters.storage import FileCheckpointStore
 from openforge_trainer.backends.base import TrainerBackend, create_backend
 from openforge_trainer.domain.config import read_config_file
@@ -45,7 +45,7 @@ class TrainerApp:
         self.inference = InferenceClient(addresses.inference, timeout_s=settings.weight_sync_timeout_s)
         self.checkpoints = FileCheckpointStore(settings.checkpoint_dir, keep=settings.keep_checkpoints)
         self.events = EventBus(settings.nats) if settings.publish_events else None
-        sinks: list[MetricsSink] = []
+        sinks: list[MetricsSink] = [default_prometheus_sink()]
         try:
             sinks.append(TensorBoardSink(settings.tensorboard_dir or settings.checkpoint_dir / "tensorboard"))
         except ImportError:

@@ -1,14 +1,17 @@
-"""Where step metrics go besides WatchMetrics: TensorBoard event files and the event bus."""
+"""Where step metrics go besides WatchMetrics: TensorBoard event files, the event bus and
+Prometheus gauges."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import structlog
 from google.protobuf.timestamp_pb2 import Timestamp
+from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
 from openforge.trainer.v1 import events_pb2
 from openforge_core.events import EventBus, subject_for
@@ -81,3 +84,45 @@ class EventSink:
 
     async def close(self) -> None:
         """Nothing to release (the bus belongs to the app)."""
+
+
+class PrometheusSink:
+    """The last step's metrics as Prometheus gauges, served with the trainer's process and gRPC
+    metrics (:mod:`openforge_core.metrics`), so a dashboard shows reward beside the services'
+    figures (``deploy/grafana``):
+
+    * ``openforge_train_step{run_id}``: the run's last finished step;
+    * ``openforge_train_metric{run_id, metric}``: each of that step's metrics under its own name
+      (``reward/mean``, ``rollouts/excluded/failed``, ``time/train_s``...; the names are not
+      Prometheus names, hence a label).
+
+    A name the last step did not report keeps its older value (a step without an evaluation keeps
+    the last ``eval/...``).
+
+    Args:
+        registry: Where the gauges live (the process's default registry in the service).
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._step = Gauge("openforge_train_step", "The run's last finished step.", ("run_id",), registry=registry)
+        self._metric = Gauge(
+            "openforge_train_metric",
+            "A metric of the run's last finished step (WatchMetrics names).",
+            ("run_id", "metric"),
+            registry=registry,
+        )
+
+    async def write(self, run_id: str, step: int, metrics: dict[str, float], time_s: float) -> None:
+        """Sets the run's gauges to this step."""
+        self._step.labels(run_id).set(step)
+        for name, value in metrics.items():
+            self._metric.labels(run_id, name).set(value)
+
+    async def close(self) -> None:
+        """Nothing to release (the gauges stay until the process ends)."""
+
+
+@cache
+def default_prometheus_sink() -> PrometheusSink:
+    """The process's one :class:`PrometheusSink`, in ``prometheus_client``'s default registry."""
+    return PrometheusSink(REGISTRY)
