@@ -13,7 +13,7 @@ from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_core.errors import InvalidArgument
 from openforge_core.field_rules import require
 from openforge_trajectory_store.adapters import export
-from openforge_trajectory_store.adapters.sql import SqlRepository
+from openforge_trajectory_store.domain.ports import TrajectoryReads
 from openforge_trajectory_store.domain.query import RolloutFilter, token_int
 
 CURSOR_PREFIX = "g:"
@@ -65,7 +65,7 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
         poll_s: Watchers also re-read after this many seconds without a signal.
     """
 
-    def __init__(self, repo: SqlRepository, notifier: GroupNotifier, export_dir: Path, poll_s: float = 5.0) -> None:
+    def __init__(self, repo: TrajectoryReads, notifier: GroupNotifier, export_dir: Path, poll_s: float = 5.0) -> None:
         self._repo = repo
         self._notifier = notifier
         self._export_dir = export_dir

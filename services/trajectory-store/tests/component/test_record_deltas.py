@@ -19,7 +19,8 @@ from openforge.orchestrator.v1 import events_pb2 as orch
 from openforge.proxy.v1 import events_pb2 as proxy
 from openforge_core.errors import InvalidArgument
 from openforge_core.record_delta import FullParts, cut_record
-from openforge_trajectory_store.adapters.sql import BaseNotStored, SqlRepository
+from openforge_trajectory_store.adapters.sql import SqlRepository
+from openforge_trajectory_store.domain.projection import BaseNotStored
 
 DONE = common_pb2.ROLLOUT_STATUS_SUCCEEDED
 TURNS = 6

@@ -21,7 +21,7 @@ from openforge.trainer.v1 import events_pb2 as trainer_events
 from openforge.trajectory.v1 import events_pb2 as trajectory_events
 from openforge_core.events import Delivery, EventBus, subject_for
 from openforge_core.telemetry import use_context
-from openforge_trajectory_store.adapters.sql import CompletedGroup, SqlRepository
+from openforge_trajectory_store.domain.ports import CompletedGroup, IngestStore
 
 log = structlog.get_logger(__name__)
 
@@ -53,7 +53,7 @@ class EventIngestor:
         on_group: Called (in the event loop) for every group that completed.
     """
 
-    def __init__(self, repo: SqlRepository, bus: EventBus, on_group: Callable[[], None]) -> None:
+    def __init__(self, repo: IngestStore, bus: EventBus, on_group: Callable[[], None]) -> None:
         self._repo = repo
         self._bus = bus
         self._on_group = on_group

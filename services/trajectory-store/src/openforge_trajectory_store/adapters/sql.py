@@ -1,10 +1,11 @@
 """The durable record in SQL: SQLite (embedded default, WAL) or PostgreSQL.
 
-One repository, two dialects; the same test suite runs against both. All
-writes of one ingested batch happen in one transaction, and the caller acks
-the batch's events only after :meth:`SqlRepository.ingest` returned, so an
-event is never acked before it is committed. Ingestion is idempotent: each
-event id is recorded in ``events_seen`` in the same transaction as its effects.
+One repository, two dialects; the same test suite runs against both. The rules of ingestion
+live in the domain (:mod:`..domain.projection`); this module runs them over SQL: all writes of
+one ingested batch happen in one transaction, and the caller acks the batch's events only after
+:meth:`SqlRepository.ingest` returned, so an event is never acked before it is committed.
+Ingestion is idempotent: each event id is recorded in ``events_seen`` in the same transaction
+as its effects.
 
 Schema (versioned; :data:`MIGRATIONS` are applied in order and recorded in
 ``schema_version``):
@@ -30,38 +31,30 @@ import os
 import sqlite3
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
-from google.protobuf.message import Message
 
 from openforge.common.v1 import common_pb2
-from openforge.orchestrator.v1 import events_pb2 as orch_events
-from openforge.proxy.v1 import events_pb2 as proxy_events
 from openforge.trainer.v1 import events_pb2 as trainer_events
 from openforge.trajectory.v1 import trajectory_pb2
-from openforge_core import record_delta
-from openforge_core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from openforge_core.errors import FailedPrecondition, NotFound
 from openforge_trajectory_store.domain import tokens, wire
-from openforge_trajectory_store.domain.assembly import assemble, last_rollout_attempt
+from openforge_trajectory_store.domain.ports import CompletedGroup, Event, GroupRow, IngestResult, RolloutRow
+from openforge_trajectory_store.domain.projection import Projection
 from openforge_trajectory_store.domain.query import (
     PageCursor,
     RolloutFilter,
     RunCursor,
     page_size,
-    status_rank,
     step_cursor_decode,
     step_cursor_encode,
 )
 
 log = structlog.get_logger(__name__)
-
-_TERMINAL = 2
 
 # {blob}, {serial} are filled per dialect.
 MIGRATIONS: list[list[str]] = [
@@ -107,58 +100,10 @@ class _Conn(Protocol):
     def broken(self) -> bool: ...
 
 
-@dataclass
-class CompletedGroup:
-    """A group whose every rollout ended and was assembled.
-
-    Attributes:
-        seq: Its position in the completion order (the watch cursor).
-        group_id: The group.
-        run_id: Its run.
-        task_id: Its task.
-        size: Rollouts in it.
-    """
-
-    seq: int
-    group_id: str
-    run_id: str
-    task_id: str
-    size: int
-
-
-@dataclass
-class IngestResult:
-    """What one ingested batch changed.
-
-    Attributes:
-        applied: Events applied (not seen before).
-        duplicates: Events skipped as already applied.
-        completed_groups: Groups that completed in this batch.
-    """
-
-    applied: int = 0
-    duplicates: int = 0
-    completed_groups: list[CompletedGroup] = field(default_factory=list)
-
-
 def _owner_only(path: Path) -> None:
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
     os.close(fd)
     os.chmod(path, 0o600)
-
-
-#: (rollout id, call id, attempt) of a stored call.
-_FullKey = tuple[str, str, int]
-#: Bytes a kept base costs beyond its three byte strings (key, objects, dict slot).
-_ENTRY_OVERHEAD = 512
-
-
-class BaseNotStored(Unavailable):
-    """A call record coded against a base (``RecordDelta``) that is not stored yet.
-
-    The proxy publishes a base before any record coded against it, so this is a
-    redelivery out of stream order; retrying later succeeds.
-    """
 
 
 class SqlRepository:
@@ -186,16 +131,16 @@ class SqlRepository:
     ) -> None:
         self.dsn = dsn
         self.postgres = dsn.startswith(("postgresql://", "postgres://"))
-        self._clock = clock
         self._lock = threading.RLock()
         self._conn: _Conn | None = None
         self._in_tx = False
-        self._bases: OrderedDict[str, tuple[tokens.CallKey, bytes]] = OrderedDict()
-        self._base_cache = base_cache
-        self._delta_bases: OrderedDict[_FullKey, record_delta.FullParts] = OrderedDict()
-        self._delta_bytes = 0
-        self._delta_base_bytes = delta_base_bytes
-        self.delta_base_misses = 0  # deltas whose base was read back from the database
+        self._projection = Projection(base_cache=base_cache, delta_base_bytes=delta_base_bytes, clock=clock)
+        self._writes = _SqlProjectionStore(self)
+
+    @property
+    def delta_base_misses(self) -> int:
+        """Deltas whose base was read back from the database (not in memory)."""
+        return self._projection.delta_base_misses
 
     # -- connection ---------------------------------------------------------------------------
 
@@ -295,14 +240,12 @@ class SqlRepository:
 
     # -- ingestion ----------------------------------------------------------------------------
 
-    def ingest(self, events: Sequence[tuple[str, Message] | tuple[str, Message, bytes]]) -> IngestResult:
+    def ingest(self, events: Sequence[Event]) -> IngestResult:
         """Applies a batch of events in one transaction; idempotent per event id.
 
         Args:
-            events: (event id, event message[, the event's wire bytes]) for
-                ``RolloutsSubmitted``, ``RolloutStarted``, ``RolloutFinished``,
-                ``RunRegistered``, ``CallRecorded`` or the trainer's ``StepCompleted``. With the wire bytes a call
-                record is stored without being serialized again.
+            events: (event id, event message[, the event's wire bytes]); see
+                :meth:`..domain.projection.Projection.apply`.
 
         Returns:
             What changed.
@@ -313,213 +256,9 @@ class SqlRepository:
             BaseNotStored: A call record coded as a delta whose base is not stored yet
                 (transient: its event is redelivered).
         """
-        result = IngestResult()
-        pending_bases: dict[str, tuple[tokens.CallKey, bytes]] = {}
-        pending_full: dict[_FullKey, record_delta.FullParts] = {}
-        used_bases: set[_FullKey] = set()
-        now = self._clock()
         with self._tx():
-            touched_rollouts: list[str] = []
-            touched_groups: set[str] = set()
-            for item in events:
-                event_id, event = item[0], item[1]
-                if not event_id:
-                    raise InvalidArgument.field("event_id", "events need an id")
-                cur = self._x(
-                    "INSERT INTO events_seen (event_id, seen_at) VALUES (?, ?) ON CONFLICT DO NOTHING",
-                    (event_id, now),
-                )
-                if cur.rowcount == 0:
-                    result.duplicates += 1
-                    continue
-                result.applied += 1
-                if isinstance(event, orch_events.RolloutsSubmitted):
-                    sizes: dict[str, int] = {}
-                    for r in event.rollouts:
-                        sizes[r.group_id] = sizes.get(r.group_id, 0) + 1
-                    for r in event.rollouts:
-                        self._upsert_rollout(r, 0, now)
-                        self._x(
-                            "INSERT INTO groups_ (group_id, run_id, task_id, size) VALUES (?, ?, ?, ?)"
-                            " ON CONFLICT DO NOTHING",
-                            (r.group_id, r.run_id, r.task_id, sizes[r.group_id]),
-                        )
-                        touched_groups.add(r.group_id)
-                elif isinstance(event, orch_events.RolloutStarted):
-                    self._upsert_rollout(event.rollout, 0, now)
-                elif isinstance(event, orch_events.RolloutFinished):
-                    self._upsert_rollout(event.rollout, event.calls, now, attempts=event.attempts)
-                    touched_rollouts.append(event.rollout.rollout_id)
-                elif isinstance(event, orch_events.RunRegistered):
-                    m = event.manifest
-                    self._x(
-                        "INSERT INTO runs (run_id, create_time, manifest) VALUES (?, ?, ?)"
-                        " ON CONFLICT (run_id) DO UPDATE SET manifest = excluded.manifest",
-                        (m.run_id, now, m.SerializeToString()),
-                    )
-                elif isinstance(event, trainer_events.StepCompleted):
-                    self._x(
-                        "INSERT INTO step_metrics (run_id, step, policy_version, data) VALUES (?, ?, ?, ?)"
-                        " ON CONFLICT (run_id, step) DO UPDATE SET policy_version = excluded.policy_version,"
-                        " data = excluded.data",
-                        (event.run_id, event.step, event.policy_version, event.SerializeToString()),
-                    )
-                elif isinstance(event, proxy_events.CallRecorded):
-                    raw = item[2] if len(item) > 2 else None
-                    self._insert_call(
-                        event.record, _record_bytes(raw) if raw else None, pending_bases, pending_full, used_bases
-                    )
-                    touched_rollouts.append(event.record.rollout_id)
-                else:
-                    raise InvalidArgument(f"the store does not record {type(event).__name__}", reason="UNKNOWN_EVENT")
-            for rollout_id in dict.fromkeys(touched_rollouts):
-                group = self._maybe_assemble(rollout_id)
-                if group:
-                    touched_groups.add(group)
-            for group_id in sorted(touched_groups):
-                done = self._maybe_complete_group(group_id)
-                if done is not None:
-                    result.completed_groups.append(done)
-        for rollout_id, base in pending_bases.items():  # only after the commit
-            self._bases[rollout_id] = base
-            self._bases.move_to_end(rollout_id)
-            while len(self._bases) > self._base_cache:
-                self._bases.popitem(last=False)
-        for key in used_bases:  # superseded by the record coded against it, which is kept instead
-            self._drop_delta_base(key)
-        for key, full in pending_full.items():
-            self._keep_delta_base(key, full)
-        return result
-
-    def _upsert_rollout(self, r: common_pb2.Rollout, expected_calls: int, now: float, *, attempts: int = 0) -> None:
-        row = self._x("SELECT status FROM rollouts WHERE rollout_id = ?", (r.rollout_id,)).fetchone()
-        data = r.SerializeToString()
-        reward = r.reward if r.HasField("reward") else None
-        if row is None:
-            self._x(
-                "INSERT INTO rollouts (rollout_id, run_id, task_id, group_id, status, reward, create_time,"
-                " expected_calls, attempts, updated_at, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    r.rollout_id,
-                    r.run_id,
-                    r.task_id,
-                    r.group_id,
-                    int(r.status),
-                    reward,
-                    r.create_time.ToNanoseconds(),
-                    expected_calls,
-                    attempts,
-                    now,
-                    data,
-                ),
-            )
-            self._x(
-                "INSERT INTO tasks (run_id, task_id, first_seen) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
-                (r.run_id, r.task_id, now),
-            )
-        elif status_rank(r.status) >= status_rank(row[0]):
-            larger = "GREATEST" if self.postgres else "MAX"
-            self._x(
-                f"UPDATE rollouts SET status = ?, reward = ?, expected_calls = {larger}(expected_calls, ?),"
-                f" attempts = {larger}(attempts, ?), updated_at = ?, data = ? WHERE rollout_id = ?",
-                (int(r.status), reward, expected_calls, attempts, now, data, r.rollout_id),
-            )
-
-    def _insert_call(
-        self,
-        rec: common_pb2.CallRecord,
-        data: bytes | None,
-        pending: dict[str, tuple[tokens.CallKey, bytes]],
-        pending_full: dict[_FullKey, record_delta.FullParts],
-        used_bases: set[_FullKey],
-    ) -> None:
-        if not rec.rollout_id or not rec.call_id:
-            raise InvalidArgument("call record without rollout_id or call_id", reason="BAD_CALL_RECORD")
-        if data is None:
-            data = rec.SerializeToString()
-        if rec.HasField("delta"):
-            data = self._expand(rec, data, pending_full, used_bases)
-        n = len(rec.completion_token_ids)
-        if len(rec.completion_logprobs) not in (0, n) or len(rec.completion_policy_versions) not in (0, n):
-            raise InvalidArgument(
-                f"call {rec.call_id}: {n} sampled tokens, {len(rec.completion_logprobs)} logprobs, "
-                f"{len(rec.completion_policy_versions)} policy versions",
-                reason="BAD_CALL_RECORD",
-            )
-        base = pending.get(rec.rollout_id) or self._bases.get(rec.rollout_id)
-        stored = tokens.encode(data, base)
-        cur = self._x(
-            "INSERT INTO calls (rollout_id, call_id, attempt, rollout_attempt, run_id, receive_time, base_call_id,"
-            " base_attempt, prefix_len, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            (
-                rec.rollout_id,
-                rec.call_id,
-                rec.attempt,
-                max(1, rec.rollout_attempt),
-                rec.run_id,
-                rec.receive_time.ToNanoseconds(),
-                stored.base[0] if stored.base else None,
-                stored.base[1] if stored.base else None,
-                stored.prefix_len,
-                stored.data,
-            ),
-        )
-        if cur.rowcount and stored.sequence:  # a failed call (no ids) is no base for the next
-            pending[rec.rollout_id] = (stored.key, stored.sequence)
-            pending_full[(rec.rollout_id, *stored.key)] = record_delta.FullParts.of(data, stored.sequence)
-
-    def _keep_delta_base(self, key: _FullKey, full: record_delta.FullParts) -> None:
-        old = self._delta_bases.pop(key, None)
-        if old is not None:
-            self._delta_bytes -= old.size + _ENTRY_OVERHEAD
-        self._delta_bases[key] = full
-        self._delta_bytes += full.size + _ENTRY_OVERHEAD
-        while self._delta_bytes > self._delta_base_bytes and self._delta_bases:
-            _, dropped = self._delta_bases.popitem(last=False)
-            self._delta_bytes -= dropped.size + _ENTRY_OVERHEAD
-
-    def _drop_delta_base(self, key: _FullKey) -> None:
-        old = self._delta_bases.pop(key, None)
-        if old is not None:
-            self._delta_bytes -= old.size + _ENTRY_OVERHEAD
-
-    def _expand(
-        self,
-        rec: common_pb2.CallRecord,
-        data: bytes,
-        pending_full: dict[_FullKey, record_delta.FullParts],
-        used_bases: set[_FullKey],
-    ) -> bytes:
-        """The full record of one coded against an earlier call of its rollout (``RecordDelta``)."""
-        d = rec.delta
-        if not d.base_call_id or (d.base_call_id, d.base_attempt) == (rec.call_id, rec.attempt):
-            raise InvalidArgument(
-                f"call {rec.call_id}: a delta must name an earlier call as its base", reason="BAD_CALL_RECORD"
-            )
-        key = (rec.rollout_id, d.base_call_id, d.base_attempt)
-        base = pending_full.get(key)
-        if base is None:
-            base = self._delta_bases.get(key)
-        if base is None:  # evicted, or the store restarted: read the rollout back (rare)
-            self.delta_base_misses += 1
-            for view in self._load_calls(rec.rollout_id):
-                if view.key == key[1:]:
-                    base = record_delta.FullParts.of(view.data)
-                    self._keep_delta_base(key, base)
-                    break
-        if base is None:
-            raise BaseNotStored(
-                f"call {rec.call_id} attempt {rec.attempt} of rollout {rec.rollout_id} is coded against "
-                f"call {key[1]} attempt {key[2]}, which is not stored yet",
-                reason="BASE_NOT_STORED",
-            )
-        used_bases.add(key)
-        try:
-            return record_delta.expand_record(data, base)
-        except ValueError as exc:
-            raise InvalidArgument(
-                f"call {rec.call_id}: its delta does not fit its base: {exc}", reason="BAD_CALL_RECORD"
-            ) from None
+            batch = self._projection.apply(self._writes, events)
+        return self._projection.committed(batch)
 
     def _load_calls(self, rollout_id: str) -> list[wire.CallView]:
         rows = self._x(
@@ -529,54 +268,6 @@ class SqlRepository:
         views = tokens.decode((bytes(d), (bc, ba) if bc is not None else None, pl) for d, bc, ba, pl in rows)
         views.sort(key=lambda v: (v.receive_ns, v.call_id, v.attempt))
         return views
-
-    def _maybe_assemble(self, rollout_id: str) -> str | None:
-        row = self._x(
-            "SELECT status, expected_calls, assembled, group_id, data, run_id, attempts FROM rollouts"
-            " WHERE rollout_id = ?",
-            (rollout_id,),
-        ).fetchone()
-        if row is None or status_rank(row[0]) < _TERMINAL:
-            return None
-        _, expected, assembled, group_id, data, run_id, attempts = row
-        group_done = self._x("SELECT completed_seq FROM groups_ WHERE group_id = ?", (group_id,)).fetchone()
-        if group_done is not None and group_done[0] is not None:
-            if assembled:
-                log.warning("call.after_group_completed", rollout_id=rollout_id, group_id=group_id)
-            return None
-        # the calls of the rollout's last attempt (every call when the attempts are not known)
-        distinct = self._x(
-            "SELECT COUNT(DISTINCT call_id) FROM calls WHERE rollout_id = ? AND (rollout_attempt = ? OR ? = 0)",
-            (rollout_id, attempts, attempts),
-        ).fetchone()[0]
-        if distinct < expected:
-            return None  # waiting for call events still in flight
-        rollout = common_pb2.Rollout.FromString(bytes(data))
-        samples = assemble(rollout, last_rollout_attempt(self._load_calls(rollout_id), attempts))
-        self._x("DELETE FROM samples WHERE rollout_id = ?", (rollout_id,))
-        for index, sample in enumerate(samples):
-            self._x(
-                "INSERT INTO samples (rollout_id, idx, run_id, data) VALUES (?, ?, ?, ?)",
-                (rollout_id, index, run_id, sample),
-            )
-        self._x("UPDATE rollouts SET assembled = 1 WHERE rollout_id = ?", (rollout_id,))
-        log.info("rollout.assembled", rollout_id=rollout_id, samples=len(samples), calls=distinct)
-        return str(group_id)
-
-    def _maybe_complete_group(self, group_id: str) -> CompletedGroup | None:
-        row = self._x(
-            "SELECT run_id, task_id, size, completed_seq FROM groups_ WHERE group_id = ?", (group_id,)
-        ).fetchone()
-        if row is None or row[3] is not None:
-            return None
-        run_id, task_id, size, _ = row
-        done = self._x("SELECT COUNT(*) FROM rollouts WHERE group_id = ? AND assembled = 1", (group_id,)).fetchone()[0]
-        if done < size:
-            return None
-        seq = self._x("SELECT COALESCE(MAX(completed_seq), 0) + 1 FROM groups_").fetchone()[0]
-        self._x("UPDATE groups_ SET completed_seq = ? WHERE group_id = ?", (seq, group_id))
-        log.info("group.completed", group_id=group_id, seq=seq, rollouts=size)
-        return CompletedGroup(int(seq), group_id, run_id, task_id, int(size))
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -865,12 +556,143 @@ class SqlRepository:
         return runs
 
 
-def _record_bytes(event: bytes) -> bytes:
-    """The serialized ``CallRecord`` inside a serialized ``CallRecorded`` (its field 2)."""
-    for num, wt, start, end in wire.fields(event):
-        if num == 2 and wt == wire.LEN:
-            return event[start:end]
-    return b""
+class _SqlProjectionStore:
+    """:class:`~..domain.ports.ProjectionStore` in SQL; its statements run in the caller's transaction."""
+
+    def __init__(self, repo: SqlRepository) -> None:
+        self._repo = repo
+        self._x = repo._x
+
+    def mark_seen(self, event_id: str, now: float) -> bool:
+        cur = self._x(
+            "INSERT INTO events_seen (event_id, seen_at) VALUES (?, ?) ON CONFLICT DO NOTHING", (event_id, now)
+        )
+        return bool(cur.rowcount)
+
+    def rollout_row(self, rollout_id: str) -> RolloutRow | None:
+        row = self._x(
+            "SELECT status, expected_calls, attempts, assembled, group_id, run_id, data FROM rollouts"
+            " WHERE rollout_id = ?",
+            (rollout_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        status, expected, attempts, assembled, group_id, run_id, data = row
+        return RolloutRow(int(status), int(expected), int(attempts), bool(assembled), group_id, run_id, bytes(data))
+
+    def insert_rollout(self, r: common_pb2.Rollout, expected_calls: int, attempts: int, now: float) -> None:
+        self._x(
+            "INSERT INTO rollouts (rollout_id, run_id, task_id, group_id, status, reward, create_time,"
+            " expected_calls, attempts, updated_at, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                r.rollout_id,
+                r.run_id,
+                r.task_id,
+                r.group_id,
+                int(r.status),
+                _reward(r),
+                r.create_time.ToNanoseconds(),
+                expected_calls,
+                attempts,
+                now,
+                r.SerializeToString(),
+            ),
+        )
+        self._x(
+            "INSERT INTO tasks (run_id, task_id, first_seen) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+            (r.run_id, r.task_id, now),
+        )
+
+    def update_rollout(self, r: common_pb2.Rollout, expected_calls: int, attempts: int, now: float) -> None:
+        larger = "GREATEST" if self._repo.postgres else "MAX"
+        self._x(
+            f"UPDATE rollouts SET status = ?, reward = ?, expected_calls = {larger}(expected_calls, ?),"
+            f" attempts = {larger}(attempts, ?), updated_at = ?, data = ? WHERE rollout_id = ?",
+            (int(r.status), _reward(r), expected_calls, attempts, now, r.SerializeToString(), r.rollout_id),
+        )
+
+    def add_group(self, group_id: str, run_id: str, task_id: str, size: int) -> None:
+        self._x(
+            "INSERT INTO groups_ (group_id, run_id, task_id, size) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (group_id, run_id, task_id, size),
+        )
+
+    def put_run(self, manifest: common_pb2.RunManifest, now: float) -> None:
+        self._x(
+            "INSERT INTO runs (run_id, create_time, manifest) VALUES (?, ?, ?)"
+            " ON CONFLICT (run_id) DO UPDATE SET manifest = excluded.manifest",
+            (manifest.run_id, now, manifest.SerializeToString()),
+        )
+
+    def put_step(self, step: trainer_events.StepCompleted) -> None:
+        self._x(
+            "INSERT INTO step_metrics (run_id, step, policy_version, data) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (run_id, step) DO UPDATE SET policy_version = excluded.policy_version,"
+            " data = excluded.data",
+            (step.run_id, step.step, step.policy_version, step.SerializeToString()),
+        )
+
+    def insert_call(self, rec: common_pb2.CallRecord, stored: tokens.StoredCall) -> bool:
+        base_call, base_attempt = stored.base if stored.base else (None, None)
+        cur = self._x(
+            "INSERT INTO calls (rollout_id, call_id, attempt, rollout_attempt, run_id, receive_time, base_call_id,"
+            " base_attempt, prefix_len, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (
+                rec.rollout_id,
+                rec.call_id,
+                rec.attempt,
+                max(1, rec.rollout_attempt),  # schema 3's default: calls of an unknown attempt are of the first
+                rec.run_id,
+                rec.receive_time.ToNanoseconds(),
+                base_call,
+                base_attempt,
+                stored.prefix_len,
+                stored.data,
+            ),
+        )
+        return bool(cur.rowcount)
+
+    def call_views(self, rollout_id: str) -> list[wire.CallView]:
+        return self._repo._load_calls(rollout_id)
+
+    def distinct_calls(self, rollout_id: str, rollout_attempt: int) -> int:
+        return int(
+            self._x(
+                "SELECT COUNT(DISTINCT call_id) FROM calls WHERE rollout_id = ? AND (rollout_attempt = ? OR ? = 0)",
+                (rollout_id, rollout_attempt, rollout_attempt),
+            ).fetchone()[0]
+        )
+
+    def put_samples(self, rollout_id: str, run_id: str, samples: Sequence[bytes]) -> None:
+        self._x("DELETE FROM samples WHERE rollout_id = ?", (rollout_id,))
+        for index, sample in enumerate(samples):
+            self._x(
+                "INSERT INTO samples (rollout_id, idx, run_id, data) VALUES (?, ?, ?, ?)",
+                (rollout_id, index, run_id, sample),
+            )
+        self._x("UPDATE rollouts SET assembled = 1 WHERE rollout_id = ?", (rollout_id,))
+
+    def group_row(self, group_id: str) -> GroupRow | None:
+        row = self._x(
+            "SELECT run_id, task_id, size, completed_seq FROM groups_ WHERE group_id = ?", (group_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        return GroupRow(row[0], row[1], int(row[2]), None if row[3] is None else int(row[3]))
+
+    def assembled_rollouts(self, group_id: str) -> int:
+        return int(
+            self._x("SELECT COUNT(*) FROM rollouts WHERE group_id = ? AND assembled = 1", (group_id,)).fetchone()[0]
+        )
+
+    def complete_group(self, group_id: str) -> int:
+        seq = int(self._x("SELECT COALESCE(MAX(completed_seq), 0) + 1 FROM groups_").fetchone()[0])
+        self._x("UPDATE groups_ SET completed_seq = ? WHERE group_id = ?", (seq, group_id))
+        return seq
+
+
+def _reward(r: common_pb2.Rollout) -> float | None:
+    return r.reward if r.HasField("reward") else None
 
 
 class _ExplicitTx:
