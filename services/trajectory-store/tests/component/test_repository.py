@@ -15,7 +15,7 @@ from store_builders import conversation, failed_call, finished, make_call, make_
 from openforge.common.v1 import common_pb2
 from openforge.orchestrator.v1 import events_pb2 as orch
 from openforge_core.errors import FailedPrecondition, InvalidArgument, NotFound
-from openforge_trajectory_store.adapters import export, sql
+from openforge_trajectory_store.adapters import database, export
 from openforge_trajectory_store.adapters.sql import SqlRepository
 from openforge_trajectory_store.domain.query import RolloutFilter
 
@@ -139,7 +139,7 @@ def test_a_store_of_schema_2_is_migrated_and_its_calls_read_as_attempt_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    monkeypatch.setattr(sql, "MIGRATIONS", sql.MIGRATIONS[:2])
+    monkeypatch.setattr(database, "MIGRATIONS", database.MIGRATIONS[:2])
     old = SqlRepository(url)
     old.open()
     old.close()
@@ -360,11 +360,11 @@ def test_a_lost_postgresql_connection_is_opened_again(postgres_dsn: str, pg_repo
     repo = pg_repo
     calls = conversation("r0", 2)
     repo.ingest([recorded(calls[0])])
-    pid = repo._x("SELECT pg_backend_pid()").fetchone()[0]
+    pid = repo.db.execute("SELECT pg_backend_pid()").fetchone()[0]
     with psycopg.connect(postgres_dsn, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
     with pytest.raises(psycopg.OperationalError):
         repo.ingest([recorded(calls[1])])
     repo.ingest([recorded(calls[1])])  # redelivered: on a new connection
     assert repo.count_calls() == 2
-    assert repo._x("SELECT pg_backend_pid()").fetchone()[0] != pid
+    assert repo.db.execute("SELECT pg_backend_pid()").fetchone()[0] != pid
