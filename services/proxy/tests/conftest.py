@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,6 @@ from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.sessions import Limits, SessionRegistry
 from openforge_proxy.http.metrics import HttpMetrics
 from openforge_proxy.http.server import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, HttpServer
-from openforge_testing.captures import CAPTURES
 from openforge_testing.fakes import ScriptedInferenceServer, build_fake_model_dir
 
 
@@ -252,11 +251,3 @@ async def start_proxy() -> AsyncIterator[StartProxy]:
     yield start
     for p in started:
         await p.stop()
-
-
-@pytest.fixture(scope="session")
-def captures() -> Iterator[Path]:
-    """The harness captures folder (``../shared`` of the repository); skips when absent."""
-    if not CAPTURES.is_dir():
-        pytest.skip(f"harness captures not found at <repo>/../shared/cases/harness-captures ({CAPTURES})")
-    yield CAPTURES

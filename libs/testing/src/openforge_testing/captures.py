@@ -9,21 +9,56 @@ to script a fake engine with, so a run can be replayed through the proxy.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from openforge_testing.fakes import final_text, tool_call_text
 
 #: The captures folder of a checkout: ``<repo>/../shared/cases/harness-captures``.
 CAPTURES = Path(__file__).resolve().parents[5] / "shared" / "cases" / "harness-captures"
+#: The one name :func:`run_names` gives when it finds no run; :func:`run_dir` fails on it.
+NO_RUNS = "no-capture-runs"
 REASONING = "**Planning** I will run a shell command."
 _DROP_HEADERS = {"host", "content-length", "x-api-key", "authorization", "connection", "accept-encoding"}
+#: The request fields the prompt is rendered from, in every protocol (Anthropic ``system``,
+#: Responses ``instructions`` and ``input``, ``messages``, ``tools``); the others (``stream``,
+#: ``max_tokens``, sampling options, metadata) leave the conversation as it was.
+_CONVERSATION_FIELDS = ("system", "instructions", "messages", "input", "tools")
 
 
 def runs(root: Path) -> list[Path]:
     """Every run folder (``<harness>/<run>``) under the captures root."""
     return sorted(p for p in root.glob("*/*") if p.is_dir())
+
+
+def run_names(root: Path = CAPTURES) -> list[str]:
+    """The ``<harness>/<run>`` name of every run folder under ``root``, to parametrize a test over
+    them all; when there is none (the folder is missing), the one name :data:`NO_RUNS`, on which
+    :func:`run_dir` fails, so that such a test fails rather than collecting nothing."""
+    return [f"{p.parent.name}/{p.name}" for p in runs(root)] or [NO_RUNS]
+
+
+def run_dir(name: str, root: Path = CAPTURES) -> Path:
+    """The run folder ``<harness>/<run>`` under ``root``.
+
+    Raises:
+        pytest.fail.Exception: ``root`` holds no run (:data:`NO_RUNS`), or not this one. The
+            captures are part of the test input: CI copies ``../shared`` next to the clone.
+    """
+    run = root / name
+    if name == NO_RUNS:
+        pytest.fail(
+            f"no harness capture runs (<harness>/<run> folders) in {root}: the captures are "
+            "<repository>/../shared/cases/harness-captures, which CI copies next to the clone",
+            pytrace=False,
+        )
+    if not run.is_dir():
+        pytest.fail(f"harness capture run {name} is not in {root}", pytrace=False)
+    return run
 
 
 def _pointer(doc: Any, path: str) -> tuple[Any, str | int]:
@@ -77,6 +112,32 @@ def load_run(run: Path) -> tuple[list[dict[str, Any]], list[str]]:
         if d["plan"] is None:
             d["plan"] = next((e["plan"] for e in out[i + 1 :] if e["plan"]), {"type": "text", "text": "OK."})
     return out, skipped
+
+
+def samples_of(docs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """A run's requests (as :func:`load_run` gives them), grouped by the training sample each
+    ends up in when every request is answered in full, as in a replay.
+
+    The rule: a request that follows a fault-injected one (``fault_injected``: an error status or a
+    broken stream in the capture) and sends the same conversation (:data:`_CONVERSATION_FIELDS`)
+    is a retry, another attempt at the same call; one that sends another conversation shows the
+    harness rewrote its history after the fault (OpenClaw, after a cut stream, sends the user
+    message again as a queued one), so the answer the replay gave the faulted call is in no later
+    history and the sample ends there. Every other request continues the conversation, one
+    sample: the proxy splices what harnesses do to their history. A run the harness gave up
+    after a fault is one sample too (the replay answers its last request).
+    """
+    groups: list[list[dict[str, Any]]] = [docs[:1]] if docs else []
+    for prev, d in itertools.pairwise(docs):
+        if prev["fault_injected"] is not None and _conversation(d) != _conversation(prev):
+            groups.append([d])
+        else:
+            groups[-1].append(d)
+    return groups
+
+
+def _conversation(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: d["body"].get(k) for k in _CONVERSATION_FIELDS}
 
 
 def answered(d: dict[str, Any]) -> dict[str, Any] | None:

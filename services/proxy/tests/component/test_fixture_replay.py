@@ -1,12 +1,13 @@
 """Fixture replay: every captured harness request through the proxy, against a fake engine.
 
 For each run in ``../shared/cases/harness-captures/`` (Claude Code, Codex,
-OpenClaw, mini-swe-agent), the requests are sent in their captured order,
-path (query string included), headers and body, with this session's key in
-the same header scheme the client used. The fake engine is scripted with the
-answer the capture server planned for that call (text, or a tool call with
-its arguments; a custom ``exec`` call for Codex's code mode), tokenized with
-the fake model's tokenizer. Checks:
+OpenClaw, mini-swe-agent: every ``<harness>/<run>`` folder found is one case;
+without any, the one case fails), the requests are sent in their captured
+order, path (query string included), headers and body, with this session's
+key in the same header scheme the client used. The fake engine is scripted
+with the answer the capture server planned for that call (text, or a tool
+call with its arguments; a custom ``exec`` call for Codex's code mode),
+tokenized with the fake model's tokenizer. Checks:
 
 * the answer is what that client accepted, structurally: status, content
   type, the protocol's event grammar and order, the same fields on each event
@@ -15,11 +16,12 @@ the fake model's tokenizer. Checks:
 * one record per answered request, the prompt ids equal what the engine saw
   and the completion ids/logprobs/versions equal what it sampled; a repeated
   request is another attempt of the same call;
-* in every run that is not a fault scenario, each later call's prompt extends
-  the previous call's prompt + completion token for token (one training
-  sample per rollout), through what the clients do to history (Claude Code's
-  system message turning into a string, OpenClaw's moved context message and
-  rewritten tool-call ids, re-serialized arguments, Codex's reasoning items).
+* in every run that is not a fault scenario (no request fault-injected),
+  each later call's prompt extends the previous call's prompt + completion
+  token for token (one training sample per rollout), through what the
+  clients do to history (Claude Code's system message turning into a string,
+  OpenClaw's moved context message and rewritten tool-call ids, re-serialized
+  arguments, Codex's reasoning items).
 
 Captured fault injections (429/500/400, broken streams) are the capture
 server's doing, not the client's request: the proxy answers them normally.
@@ -36,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from openforge_testing.captures import captured_events, completion_for, headers_of, load_run
+from openforge_testing.captures import captured_events, completion_for, headers_of, load_run, run_dir, run_names
 from openforge_testing.fakes import ScriptedInferenceServer
 
 _REASONING = "**Planning** I will run a shell command."
@@ -217,67 +219,36 @@ def _check_plan(path: str, plan: dict[str, Any], blocks: Any) -> None:
         assert uses == []
 
 
-@pytest.mark.parametrize(
-    "run_name",
-    [
-        "claude-code/auth-token",
-        "claude-code/custom-model-name",
-        "claude-code/err-400x1",
-        "claude-code/err-429x2",
-        "claude-code/err-malformed-sse",
-        "claude-code/err-truncated-stream",
-        "claude-code/normal",
-        "codex/custom-model",
-        "codex/default-model-code-mode-think",
-        "codex/err-429x2",
-        "codex/err-500x2",
-        "codex/err-response-failed",
-        "mini-swe-agent/anthropic-messages",
-        "mini-swe-agent/chat-textbased",
-        "mini-swe-agent/chat-toolcall",
-        "mini-swe-agent/err-429x2",
-        "mini-swe-agent/responses",
-        "openclaw/anthropic-messages",
-        "openclaw/chat-completions",
-        "openclaw/err-400x1",
-        "openclaw/err-truncated-stream",
-        "openclaw/responses",
-    ],
-)
-async def test_replay_run(run_name: str, captures: Path, model_dir: Path, start_proxy: Any) -> None:
-    run = captures / run_name
-    if not run.is_dir():
-        pytest.skip(f"capture run {run_name} is not in this copy of the captures")
-    docs, skipped = load_run(run)
+@pytest.mark.parametrize("run_name", run_names())
+async def test_replay_run(run_name: str, model_dir: Path, start_proxy: Any) -> None:
+    docs, skipped = load_run(run_dir(run_name))
+    faulted = any(d["fault_injected"] is not None for d in docs)
     fake = ScriptedInferenceServer(model_dir, [completion_for(d["plan"]) for d in docs], tokens_per_message=3)
     proxy = await start_proxy(fake)
-    if True:
-        key = proxy.session("rollout-" + run_name.replace("/", "-"))
-        bodies: list[str] = []
-        for d in docs:
-            headers, bearer = headers_of(d)
-            reply = await proxy.post(d["path"], d["body"], key=key, bearer=bearer, headers=headers)
-            check_reply(d, reply)
-            bodies.append(json.dumps(d["body"], sort_keys=True))
-        records = proxy.recorder.records
-        assert len(records) == len(docs)
-        for rec, seen in zip(records, fake.seen, strict=True):
-            assert rec.prompt_ids == seen.prompt_ids
-            assert rec.completion_ids == seen.sampled_ids
-            assert rec.logprobs == pytest.approx(seen.logprobs)
-            assert rec.policy_versions == [fake.policy_version] * len(seen.sampled_ids)
-            assert b"<REDACTED" not in rec.request_json or "err-" in run_name
-            assert "x-api-key" not in rec.request_headers and "authorization" not in rec.request_headers
-        # the same conversation again is another attempt of the same call
-        for i, rec in enumerate(records):
-            earlier = [r for r in records[:i] if r.call_id == rec.call_id]
-            assert rec.attempt == len(earlier) + 1
-        if not run_name.split("/")[1].startswith("err-"):
-            for prev, rec in itertools.pairwise(records):
-                assert rec.splice.break_cause.value == "none", rec.splice
-                seq = prev.prompt_ids + prev.completion_ids
-                assert rec.prompt_ids[: len(seq)] == seq
-                assert rec.splice.extends_call_id == prev.call_id
-                assert [s.source_call_id for s in rec.splice.reused][-1] == prev.call_id
+    key = proxy.session("rollout-" + run_name.replace("/", "-"))
+    for d in docs:
+        headers, bearer = headers_of(d)
+        reply = await proxy.post(d["path"], d["body"], key=key, bearer=bearer, headers=headers)
+        check_reply(d, reply)
+    records = proxy.recorder.records
+    assert len(records) == len(docs)
+    for rec, seen in zip(records, fake.seen, strict=True):
+        assert rec.prompt_ids == seen.prompt_ids
+        assert rec.completion_ids == seen.sampled_ids
+        assert rec.logprobs == pytest.approx(seen.logprobs)
+        assert rec.policy_versions == [fake.policy_version] * len(seen.sampled_ids)
+        assert b"<REDACTED" not in rec.request_json or faulted
+        assert "x-api-key" not in rec.request_headers and "authorization" not in rec.request_headers
+    # the same conversation again is another attempt of the same call
+    for i, rec in enumerate(records):
+        earlier = [r for r in records[:i] if r.call_id == rec.call_id]
+        assert rec.attempt == len(earlier) + 1
+    if not faulted:
+        for prev, rec in itertools.pairwise(records):
+            assert rec.splice.break_cause.value == "none", rec.splice
+            seq = prev.prompt_ids + prev.completion_ids
+            assert rec.prompt_ids[: len(seq)] == seq
+            assert rec.splice.extends_call_id == prev.call_id
+            assert [s.source_call_id for s in rec.splice.reused][-1] == prev.call_id
     if skipped:
         print("not rebuildable (truncated diff values):", ", ".join(skipped))
