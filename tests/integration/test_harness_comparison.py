@@ -1,14 +1,16 @@
-"""``openforge eval --harness mini-swe-agent,claude-code,codex``: one checkpoint compared across
-harnesses on the same tasks, run as a user runs it (a subprocess).
+"""``openforge eval --harness mini-swe-agent,claude-code,codex,openclaw``: one checkpoint compared
+across harnesses on the same tasks, run as a user runs it (a subprocess).
 
 The command starts NATS and the five services with the ``scripted-oracle`` engine (a scripted
 engine, not a model: it answers each model call with the task's oracle ``solve.sh``, one command
 line per call here, through whatever shell tool the harness offers: mini-swe-agent's ``bash``,
-Claude Code's ``Bash``, Codex's ``exec_command``), then each harness works the same two held-out
+Claude Code's ``Bash``, Codex's ``exec_command``, OpenClaw's ``exec``), then each harness works the same two held-out
 `lines` tasks in its bubblewrap sandbox through the real proxy: ``first-4`` (one command) and
 ``check-2`` (two, the second acting on the first's output: a multi-step task), each to the
 verifier's reward 1. The comparison table and ``eval.json`` give, per harness, pass@1 and
-what its rollouts cost (turns, tokens, samples and seconds), read back from the store.
+what its rollouts cost (turns, tokens, samples, seconds, and its sandbox's CPU time and peak
+memory), read back from the store. The tasks ask for 512 MiB sandboxes; OpenClaw's get its
+2 GiB floor (it needs about 1.4 GiB).
 
 Needs ``bwrap``, mini-swe-agent (``openforge harness install mini-swe-agent``) and the npm CLIs
 (``openforge harness install`` or ``make harness-clis``); skips otherwise.
@@ -26,12 +28,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from openforge_orchestrator.backends import cgroups
 from openforge_testing.rollouts import npm_harness_dir, require_sandboxed_harness
 from openforge_testing.servers import stack_port_args
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS_DIR = Path(os.environ.get("OPENFORGE_TEST_HARNESS_DIR", ROOT / ".openforge" / "harnesses"))
-HARNESSES = ("mini-swe-agent", "claude-code", "codex")
+HARNESSES = ("mini-swe-agent", "claude-code", "codex", "openclaw")
 #: Held-out tasks of the demo's family: ``check-2`` takes two tool calls (run check.sh, write the
 #: verdict it printed), ``first-4`` one.
 TASKS = ("check-2", "first-4")
@@ -118,7 +121,10 @@ def test_one_command_compares_harnesses_on_the_same_tasks_with_their_costs(tmp_p
         assert cost["turns"] >= 2.5, (harness, cost)
         assert cost["samples"] >= 1 and cost["tokens"] > cost["sampled"] > 0, (harness, cost)
         assert cost["seconds"] > 0
+        if cgroups.detect().kind != "none":  # each sandbox's cgroup was read when its harness ended
+            assert cost["cpu_s"] > 0 and cost["peak_mib"] > 16, (harness, cost)
     costs = {h: r["cost"] for h, r in record["harnesses"].items()}
     # the npm CLIs send their large tool sets with every call: far more context per rollout
     assert costs["claude-code"]["tokens"] > 5 * costs["mini-swe-agent"]["tokens"]
     assert costs["codex"]["tokens"] > 5 * costs["mini-swe-agent"]["tokens"]
+    assert costs["openclaw"]["tokens"] > 5 * costs["mini-swe-agent"]["tokens"]

@@ -33,6 +33,7 @@ def require_sandboxed_harness(harness_dir: Path, harness: str) -> None:
 NPM_PACKAGES = {
     "codex": ("@openai/codex", "codex"),
     "claude-code": ("@anthropic-ai/claude-code", "claude"),
+    "openclaw": ("openclaw", "openclaw"),
 }
 
 

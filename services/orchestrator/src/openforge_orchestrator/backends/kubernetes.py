@@ -329,9 +329,10 @@ class KubernetesBackend:
 
     # --- manifests ---------------------------------------------------------------------------
 
-    def _resources(self, task: Task) -> dict[str, dict[str, str]]:
+    def _resources(self, plan: ExecutionPlan) -> dict[str, dict[str, str]]:
+        task = plan.task
         cpus = task.resources.cpus or self.settings.cpus
-        memory = task.resources.memory_mb or self.settings.memory_mb
+        memory = plan.memory_mb(self.settings.memory_mb)
         limits = {"cpu": _quantity_cpu(cpus), "memory": f"{memory}Mi"}
         if task.resources.storage_mb:
             limits["ephemeral-storage"] = f"{task.resources.storage_mb}Mi"
@@ -416,7 +417,7 @@ class KubernetesBackend:
         image = task_image(s, task)
         launch = plan.launch
         workdir = task.environment.workdir
-        resources = self._resources(task)
+        resources = self._resources(plan)
         security = self._container_security()
         tests_items = [
             {"key": k, "path": str(f.relative_to(task.tests_dir))}

@@ -412,11 +412,10 @@ class LocalBackend:
                 args += ["--ro-bind", path, path]
         return args
 
-    def _limits(self, task: Task) -> cgroups.Limits:
-        r = task.resources
+    def _limits(self, plan: ExecutionPlan) -> cgroups.Limits:
         return cgroups.Limits(
-            memory_mb=r.memory_mb or self.settings.memory_mb,
-            cpus=r.cpus or self.settings.cpus,
+            memory_mb=plan.memory_mb(self.settings.memory_mb),
+            cpus=plan.task.resources.cpus or self.settings.cpus,
             pids=self.settings.pids,
         )
 
@@ -586,7 +585,7 @@ class LocalBackend:
                     )
                     (sb / "run" / "proxy.sock").touch()
                 assert self._limiter is not None
-                cgroup = self._limiter.create(self._cgroup_name(sb), self._limits(plan.task))
+                cgroup = self._limiter.create(self._cgroup_name(sb), self._limits(plan))
             except OSError as exc:
                 raise SandboxStartError(f"could not set up the sandbox: {exc}") from exc
             run = await self._run_agent(bwrap, plan, sb, cgroup, socket_path)

@@ -52,6 +52,8 @@ class HarnessLaunch:
         path_dirs: Folders put first on PATH.
         image: Container image carrying the harness (Kubernetes backend).
         version: Installed version, for the run manifest.
+        min_memory_mb: The harness's own footprint, MiB: its sandbox gets at least this much
+            memory whatever the task asks (0: the task's limit alone).
     """
 
     name: str
@@ -62,6 +64,7 @@ class HarnessLaunch:
     path_dirs: tuple[str, ...] = ()
     image: str = ""
     version: str = ""
+    min_memory_mb: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,12 @@ class ExecutionPlan:
     run_verifier: bool = True
     on_harness_exit: Callable[[], Awaitable[None]] | None = None
     api_key: str = ""
+
+    def memory_mb(self, default_mb: int) -> int:
+        """The sandbox's memory limit, MiB: the task's (``default_mb`` when it names none),
+        raised to the harness's :attr:`HarnessLaunch.min_memory_mb`."""
+        task_mb = self.task.resources.memory_mb or default_mb
+        return max(task_mb, self.launch.min_memory_mb if self.launch is not None else 0)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,11 @@ Documented settings (``shared/reference/harness-protocols.md`` §4): a config fi
 it; ``update.checkOnStart: false``, ``OPENCLAW_NO_AUTO_UPDATE=1`` and ``OPENCLAW_OFFLINE=1`` (no
 helper downloads) keep side traffic off; ``OPENCLAW_HOME`` is a fresh folder. Headless:
 ``openclaw agent exec --config FILE --cwd DIR --json --timeout S TASK`` with stdin closed.
+
+Its sandbox gets at least :data:`MIN_MEMORY_MB`: on the demo's tasks its sandbox peaked at
+1.3-1.5 GiB (cgroup v1 ``memory.max_usage_in_bytes``, measured with ``openforge eval --harness
+openclaw --engine scripted-oracle``); under a 512 MiB limit it is killed before its first call,
+under 1 GiB after it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from openforge_orchestrator.domain.sandbox import SANDBOX_HOME, SANDBOX_RUN, Har
 from openforge_orchestrator.harnesses.base import Installed, LaunchContext, openai_base
 
 CONFIG = f"{SANDBOX_RUN}/openclaw.json"
+#: The least memory an OpenClaw sandbox gets, MiB (see the module docstring).
+MIN_MEMORY_MB = 2048
 
 
 def config_json(model: str, base_url: str, api_key: str) -> str:
@@ -81,4 +88,5 @@ class OpenClawAdapter:
             install_dirs=installed.roots if installed else (),
             path_dirs=installed.path if installed else (),
             version=installed.version if installed else "",
+            min_memory_mb=MIN_MEMORY_MB,
         )
