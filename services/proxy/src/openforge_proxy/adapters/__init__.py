@@ -1,0 +1,1 @@
+"""Outbound adapters: the inference client and the call-record publisher."""

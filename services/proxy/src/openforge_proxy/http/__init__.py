@@ -1,0 +1,1 @@
+"""The harness-facing HTTP server (aiohttp) and its metrics."""

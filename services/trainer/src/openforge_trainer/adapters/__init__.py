@@ -1,0 +1,1 @@
+"""Outbound adapters: the other services' clients, checkpoint storage and the metrics sinks."""
