@@ -12,6 +12,7 @@ import structlog
 
 from openforge.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from openforge_core.events import EventBus
+from openforge_core.manifest import ServedModel
 from openforge_proxy.adapters.inference import GrpcEngine
 from openforge_proxy.adapters.publisher import NatsRecorder
 from openforge_proxy.domain.handler import CallHandler
@@ -58,6 +59,10 @@ class ModelLoader:
         self._settings = settings
         self._runtime: ModelRuntime | None = None
         self._lock = asyncio.Lock()
+
+    def served(self) -> ServedModel | None:
+        """What the loaded model serves with; None until it is loaded (never waits)."""
+        return self._runtime.served if self._runtime is not None else None
 
     async def __call__(self) -> ModelRuntime:
         if self._runtime is not None:
@@ -120,7 +125,7 @@ class ProxyApp:
         self._warm: asyncio.Task[None] | None = None
 
     def register(self, server: grpc.aio.Server) -> None:
-        proxy_pb2_grpc.add_ProxyServiceServicer_to_server(ProxyServicer(self.sessions), server)
+        proxy_pb2_grpc.add_ProxyServiceServicer_to_server(ProxyServicer(self.sessions, self.loader.served), server)
 
     async def start(self) -> None:
         await self.events.connect()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -10,6 +11,7 @@ from google.protobuf import json_format
 from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from openforge_core.field_rules import require
+from openforge_core.manifest import ServedModel
 from openforge_core.timestamps import to_timestamp
 from openforge_proxy.domain.sessions import Limits, Session, SessionRegistry, SessionState
 
@@ -44,21 +46,40 @@ def session_to_proto(s: Session) -> proxy_pb2.Session:
     )
 
 
+def served_to_proto(served: ServedModel) -> proxy_pb2.ServedModel:
+    """Domain served model → ``ServedModel`` message."""
+    return proxy_pb2.ServedModel(
+        tokenizer_hash=served.tokenizer_hash,
+        chat_template_hash=served.chat_template_hash,
+        parsers=list(served.parsers),
+    )
+
+
+def _none() -> ServedModel | None:
+    return None
+
+
 class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
     """Sessions over gRPC, backed by a :class:`SessionRegistry`.
 
     Every id in a request is checked by the shared server against :mod:`openforge_core.field_rules`
     (the rule the store and the orchestrator use too) before a method runs, so a session is never
     opened for a rollout id the store would refuse; the methods only say which are required.
+
+    Args:
+        sessions: The sessions.
+        served: What the proxy serves with now, None while the model is not loaded (never waits).
     """
 
-    def __init__(self, sessions: SessionRegistry) -> None:
+    def __init__(self, sessions: SessionRegistry, served: Callable[[], ServedModel | None] = _none) -> None:
         self._sessions = sessions
+        self._served = served
 
     async def CreateSession(
         self, request: proxy_pb2.CreateSessionRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> proxy_pb2.CreateSessionResponse:
-        """Opens a session for one rollout; idempotent per ``request_id``.
+        """Opens a session for one rollout; idempotent per ``request_id``. The response carries
+        the served model once the proxy has loaded it (it never waits for it).
 
         Errors: INVALID_ARGUMENT (also a missing or malformed id), ALREADY_EXISTS,
         RESOURCE_EXHAUSTED (see the proto).
@@ -81,7 +102,11 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
             ttl_s=request.ttl.ToNanoseconds() / 1e9 if request.HasField("ttl") else None,
             rollout_attempt=request.rollout_attempt,
         )
-        return proxy_pb2.CreateSessionResponse(session=session_to_proto(session), api_key=key)
+        response = proxy_pb2.CreateSessionResponse(session=session_to_proto(session), api_key=key)
+        served = self._served()
+        if served is not None:
+            response.served_model.CopyFrom(served_to_proto(served))
+        return response
 
     async def GetSession(
         self, request: proxy_pb2.GetSessionRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -217,6 +217,8 @@ class HermesFamily:
         reasoning_close: Closes reasoning.
         tool_open: Opens a tool call.
         tool_close: Closes a tool call.
+        tool_call_parser: Name of the parser of its tool calls (:class:`HermesParser`).
+        reasoning_parser: Name of the parser of its reasoning (the same parser).
     """
 
     name: str = "hermes"
@@ -227,6 +229,14 @@ class HermesFamily:
     reasoning_close: str = "</think>"
     tool_open: str = "<tool_call>"
     tool_close: str = "</tool_call>"
+    tool_call_parser: str = "hermes"
+    reasoning_parser: str = "hermes"
+
+    @property
+    def parsers(self) -> tuple[str, ...]:
+        """The family and its parsers as the run manifest records them: ``family:<name>``,
+        ``tool_call:<name>``, ``reasoning:<name>``."""
+        return (f"family:{self.name}", f"tool_call:{self.tool_call_parser}", f"reasoning:{self.reasoning_parser}")
 
     @staticmethod
     def matches(template: str) -> bool:

@@ -3,6 +3,8 @@
 Built once from inference's ``GetModelInfo`` and the model directory's
 ``tokenizer.json``; the tokenizer file's hash must equal the one inference
 reports, so the proxy never renders with another tokenizer than the engine's.
+What it serves with is reported to the orchestrator for the run manifest
+(:class:`ServedModel`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from openforge_core.errors import FailedPrecondition
+from openforge_core.manifest import ServedModel, sha256_digest
 from openforge_proxy.domain.engine import ModelInfo
 from openforge_proxy.domain.families import Family, family_for
 from openforge_proxy.domain.template import ChatTemplate
@@ -51,6 +54,7 @@ class ModelRuntime:
         generation_prompt: Text the template appends for the assistant's turn.
         eos_ids: Ids that end a turn (inference's EOS ids plus the family's end-of-turn token).
         template_kwargs: Extra template variables used for every render.
+        served: What it serves with, for the run manifest.
     """
 
     info: ModelInfo
@@ -60,6 +64,7 @@ class ModelRuntime:
     generation_prompt: str
     eos_ids: frozenset[int]
     template_kwargs: dict[str, Any]
+    served: ServedModel
 
     @classmethod
     def load(
@@ -89,7 +94,7 @@ class ModelRuntime:
         directory = model_dir or Path(info.model_path)
         fam = family_for(family, info.chat_template)
         codec = TokenizerCodec.from_dir(directory, fam.message_start)
-        if check_hash and info.tokenizer_hash and TokenizerCodec.file_hash(directory) != info.tokenizer_hash:
+        if check_hash and info.tokenizer_hash and codec.file_hash != info.tokenizer_hash:
             raise FailedPrecondition(
                 f"tokenizer.json in {directory} differs from the one inference serves",
                 reason="TOKENIZER_MISMATCH",
@@ -108,4 +113,9 @@ class ModelRuntime:
             generation_prompt=template.generation_prompt(**kwargs),
             eos_ids=frozenset(eos),
             template_kwargs=kwargs,
+            served=ServedModel(
+                tokenizer_hash=codec.file_hash,
+                chat_template_hash=sha256_digest(info.chat_template.encode()),
+                parsers=fam.parsers,
+            ),
         )

@@ -19,7 +19,6 @@ engine and recorded as the concatenation of its chunks' encodings
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from array import array
 from collections import OrderedDict
@@ -32,6 +31,7 @@ from tokenizers.decoders import ByteLevel, DecodeStream
 from tokenizers.models import BPE
 
 from openforge_core.errors import FailedPrecondition
+from openforge_core.manifest import sha256_digest
 from openforge_core.protowire import varint
 
 __all__ = [
@@ -228,11 +228,14 @@ class TokenizerCodec:
         tokenizer: The model's tokenizer.
         split_marker: Special-token text before which prompts are cut into
             chunks (e.g. ``<|im_start|>``); "" disables chunking.
+        file_hash: ``sha256:<hex>`` of the ``tokenizer.json`` bytes it was built from ("" when
+            not built from a file).
     """
 
-    def __init__(self, tokenizer: Tokenizer, split_marker: str = "") -> None:
+    def __init__(self, tokenizer: Tokenizer, split_marker: str = "", file_hash: str = "") -> None:
         self._tok = tokenizer
         self.split_marker = split_marker
+        self.file_hash = file_hash
         if split_marker and tokenizer.token_to_id(split_marker) is None:
             raise FailedPrecondition(f"{split_marker!r} is not a token of this tokenizer", reason="BAD_TOKENIZER")
         self._varints = [varint(i) for i in range(tokenizer.get_vocab_size(with_added_tokens=True))]
@@ -242,7 +245,8 @@ class TokenizerCodec:
 
     @classmethod
     def from_dir(cls, model_dir: Path, split_marker: str = "") -> TokenizerCodec:
-        """Loads ``tokenizer.json`` from a model directory.
+        """Loads ``tokenizer.json`` from a model directory, read once: the tokenizer and its
+        :attr:`file_hash` (what inference's GetModelInfo reports) come from the same bytes.
 
         Raises:
             FailedPrecondition: The file is missing or unreadable.
@@ -251,15 +255,11 @@ class TokenizerCodec:
         if not path.is_file():
             raise FailedPrecondition(f"tokenizer.json missing in {model_dir}", reason="BAD_MODEL_DIR")
         try:
-            tok = Tokenizer.from_file(str(path))
+            data = path.read_bytes()
+            tok = Tokenizer.from_buffer(data)
         except Exception as exc:
             raise FailedPrecondition(f"tokenizer.json does not load: {exc}", reason="BAD_MODEL_DIR") from exc
-        return cls(tok, split_marker)
-
-    @staticmethod
-    def file_hash(model_dir: Path) -> str:
-        """``sha256:<hex>`` of ``tokenizer.json`` (what inference's GetModelInfo reports)."""
-        return "sha256:" + hashlib.sha256((model_dir / "tokenizer.json").read_bytes()).hexdigest()
+        return cls(tok, split_marker, sha256_digest(data))
 
     def token_id(self, token: str) -> int | None:
         """The id of a token (special or not), if it is one token."""

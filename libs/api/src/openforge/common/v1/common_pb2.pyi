@@ -807,7 +807,11 @@ Global___SandboxUsage: _TypeAlias = SandboxUsage  # noqa: Y015
 
 @_typing.final
 class RunManifest(_message.Message):
-    """Everything needed to know what produced a run's data (reproducibility)."""
+    """Everything needed to know what produced a run's data (reproducibility).
+    Filled by the orchestrator at the run's first launched rollout (see
+    orchestrator.v1.RunRegistered); the served-model fields come from the proxy
+    (proxy.v1.ServedModel), the rest from the orchestrator.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -829,24 +833,48 @@ class RunManifest(_message.Message):
     harness: _builtins.str
     """Harness name (claude-code, codex, openclaw, mini-swe-agent, command)."""
     harness_version: _builtins.str
-    """Harness CLI version as installed (e.g. "2.1.332")."""
+    """Harness CLI version as installed (e.g. "2.1.332"): the version in the
+    local install's manifest.json (`openforge harness install`), or on
+    Kubernetes the tag of the harness image. Empty for the command harness,
+    which installs nothing.
+    """
     harness_config_hash: _builtins.str
-    """"sha256:<hex>" of the harness config the orchestrator generated."""
+    """"sha256:<hex>" of the harness config the orchestrator generated: the
+    launch's argv (its command by name, not install path), environment and
+    files (canonical JSON), built with placeholders for what differs per
+    rollout (instruction, working folder, proxy URL, key, time limit), so
+    every rollout of a run has the same hash and a changed settings file
+    (harness.config_files) or adapter another.
+    """
     tokenizer_hash: _builtins.str
-    """"sha256:<hex>" of the tokenizer.json served."""
+    """"sha256:<hex>" of the bytes of the tokenizer.json the proxy tokenizes with
+    (what inference's GetModelInfo and the dashboard compute).
+    """
     chat_template_hash: _builtins.str
-    """"sha256:<hex>" of the chat template served."""
+    """"sha256:<hex>" of the UTF-8 text of the chat template the proxy renders
+    with.
+    """
     model: _builtins.str
     """Model path or name."""
     policy_version: _builtins.int
     """Policy version at the start of the run."""
     sandbox_image_digest: _builtins.str
-    """Digest of the sandbox image ("sha256:<hex>"; empty for local sandboxes)."""
+    """The sandbox image of the run's first launched rollout (Kubernetes: its
+    task's image): the "sha256:<hex>" digest when the image reference names
+    one, else the reference as given. Empty for local sandboxes, which run no
+    image.
+    """
     verifier_version: _builtins.str
-    """Version of the verifier (task set revision)."""
+    """Version of the verifiers: "sha256:<hex>" over the tests/ folder of every
+    task the orchestrator's task catalog holds (every task set, as a run may
+    use several, e.g. its training and evaluation splits), file by file in
+    order of "<task_set>/<task_id>/tests/<path>" (that path, then the bytes).
+    """
     @_builtins.property
     def parsers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Tool-call and reasoning parser names used by the proxy."""
+        """The proxy's model family and parsers, "<role>:<name>": "family:<name>",
+        "tool_call:<name>", "reasoning:<name>".
+        """
 
     @_builtins.property
     def sampling(self) -> Global___SamplingParams:

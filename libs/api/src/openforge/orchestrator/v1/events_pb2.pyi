@@ -158,8 +158,13 @@ Global___RolloutFinished: _TypeAlias = RolloutFinished  # noqa: Y015
 
 @_typing.final
 class RunRegistered(_message.Message):
-    """A run was registered with its manifest (published once per run, before its
-    first rollouts). Subject: openforge.orchestrator.v1.run_registered.
+    """A run's manifest (subject: openforge.orchestrator.v1.run_registered),
+    published twice per run, each once (its event id de-duplicates re-publishes):
+    at the run's first submission, before its first rollouts, with what is known
+    then (run_id, harness, model, sampling, policy_version, create_time); and at
+    its first launched rollout, complete (every RunManifest field, see there). The
+    second is a superset of the first and replaces it (the store keeps the
+    latest manifest of a run).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -167,7 +172,9 @@ class RunRegistered(_message.Message):
     EVENT_ID_FIELD_NUMBER: _builtins.int
     MANIFEST_FIELD_NUMBER: _builtins.int
     event_id: _builtins.str
-    """Event id, also the Nats-Msg-Id ("run/<run_id>")."""
+    """Event id, also the Nats-Msg-Id: "run/<run_id>" for the manifest at
+    submission, "run/<run_id>/launched" for the complete one.
+    """
     @_builtins.property
     def manifest(self) -> _common_pb2.RunManifest:
         """The run's manifest."""

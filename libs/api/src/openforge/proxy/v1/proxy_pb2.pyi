@@ -6,10 +6,12 @@ The proxy's control API: per-rollout sessions. The harness-facing HTTP APIs
 gRPC and are not described here.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from openforge.common.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
@@ -222,6 +224,7 @@ class CreateSessionResponse(_message.Message):
 
     SESSION_FIELD_NUMBER: _builtins.int
     API_KEY_FIELD_NUMBER: _builtins.int
+    SERVED_MODEL_FIELD_NUMBER: _builtins.int
     api_key: _builtins.str
     """The per-rollout API key ("ofk-..."), returned only here. The harness
     sends it as x-api-key or Authorization: Bearer.
@@ -230,19 +233,69 @@ class CreateSessionResponse(_message.Message):
     def session(self) -> Global___Session:
         """The session."""
 
+    @_builtins.property
+    def served_model(self) -> Global___ServedModel:
+        """The model the proxy serves the session's calls with (for the run
+        manifest, common.v1.RunManifest). Unset while the proxy has not loaded the
+        served model (it loads it at start and retries on the first call while
+        inference cannot be reached); creating a session never waits for it.
+        """
+
     def __init__(
         self,
         *,
         session: Global___Session | None = ...,
         api_key: _builtins.str = ...,
+        served_model: Global___ServedModel | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["served_model", b"served_model", "session", b"session"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "session", b"session"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "served_model", b"served_model", "session", b"session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CreateSessionResponse: _TypeAlias = CreateSessionResponse  # noqa: Y015
+
+@_typing.final
+class ServedModel(_message.Message):
+    """What the proxy renders, tokenizes and parses with: the served model's
+    tokenizer and chat template, its family and parsers.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKENIZER_HASH_FIELD_NUMBER: _builtins.int
+    CHAT_TEMPLATE_HASH_FIELD_NUMBER: _builtins.int
+    PARSERS_FIELD_NUMBER: _builtins.int
+    tokenizer_hash: _builtins.str
+    """"sha256:<hex>" of the bytes of the tokenizer.json the proxy loaded (the
+    definition of inference's GetModelInfoResponse.tokenizer_hash).
+    """
+    chat_template_hash: _builtins.str
+    """"sha256:<hex>" of the UTF-8 text of the chat template the proxy renders
+    with (the definition of GetModelInfoResponse.chat_template_hash).
+    """
+    @_builtins.property
+    def parsers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The model family and parsers, "<role>:<name>": "family:<name>" (the
+        template's turn markers), "tool_call:<name>" and "reasoning:<name>" (the
+        parsers of sampled text).
+        """
+
+    def __init__(
+        self,
+        *,
+        tokenizer_hash: _builtins.str = ...,
+        chat_template_hash: _builtins.str = ...,
+        parsers: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chat_template_hash", b"chat_template_hash", "parsers", b"parsers", "tokenizer_hash", b"tokenizer_hash"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServedModel: _TypeAlias = ServedModel  # noqa: Y015
 
 @_typing.final
 class GetSessionRequest(_message.Message):
