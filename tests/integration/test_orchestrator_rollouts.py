@@ -13,22 +13,28 @@ Needs ``bwrap`` (Debian ``bubblewrap``) and mini-swe-agent installed with
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import shlex
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from google.protobuf.duration_pb2 import Duration
 from tokenizers import Tokenizer
 
 from openforge.common.v1 import common_pb2
 from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
+from openforge_cli.dash.server import build_app
 from openforge_core.rpc.client import open_channel
 from openforge_orchestrator.backends import cgroups
+from openforge_orchestrator.domain.tasks import TaskCatalog
 from openforge_testing.fakes import ScriptedInferenceServer, build_fake_model_dir, final_text, tool_call_text
 from openforge_testing.plugin import ServiceFactory
 from openforge_testing.rollouts import require_sandboxed_harness
@@ -127,6 +133,7 @@ async def _run(
     group_size: int = 1,
     command: tuple[str, ...] = (),
     request_id: str = "",
+    min_policy_version: int = 0,
 ) -> list[common_pb2.Rollout]:
     """Submits rollouts and waits until all are terminal."""
     async with open_channel(orch) as ch:
@@ -140,6 +147,7 @@ async def _run(
             model_name="policy-model",
             command=list(command),
             sampling=common_pb2.SamplingParams(temperature=0.7, max_tokens=512),
+            min_policy_version=min_policy_version,
         )
         if timeout_s:
             req.timeout.CopyFrom(Duration(seconds=timeout_s))
@@ -226,6 +234,74 @@ def test_mini_swe_agent_oracle_earns_1_wrong_answer_0_hang_killed_with_partial_t
     assert stored.rollout.status == common_pb2.ROLLOUT_STATUS_TIMED_OUT
     assert asyncio.run(_calls(stack.store.address, hung.rollout_id)) == 2  # ls, then the hanging sleep
     assert [p.name for p in stack.orch_sandboxes.iterdir() if p.name != ".static"] == []  # all removed
+
+
+#: RunManifest fields a run on local sandboxes leaves empty, each with why (every other field
+#: must be filled after a rollout: a field added later and never filled fails the test).
+EMPTY_ON_LOCAL_SANDBOXES = {
+    "sandbox_image_digest": "local sandboxes run no image (the Kubernetes backend fills it)",
+}
+#: What the proxy's hermes family records.
+PARSERS = ["family:hermes", "tool_call:hermes", "reasoning:hermes"]
+
+
+async def _run_manifest(store: str, run_id: str) -> common_pb2.RunManifest:
+    """The run's manifest in the store once it is the complete one (its tokenizer hash set)."""
+    async with open_channel(store) as ch:
+        stub = trajectory_pb2_grpc.TrajectoryServiceStub(ch)
+        for _ in range(100):
+            run = (await stub.GetRun(trajectory_pb2.GetRunRequest(run_id=run_id))).run
+            if run.manifest.tokenizer_hash:
+                return run.manifest
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"the store never got the complete manifest of {run_id}: {run.manifest}")
+
+
+async def _dash_tokenizer(store: str, model_dir: Path, rollout_id: str) -> dict[str, object]:
+    """The dashboard's tokenizer note on a rollout's page, decoding with ``model_dir``."""
+    client: TestClient[Any, Any] = TestClient(TestServer(build_app(store, model_dir)))
+    await client.start_server()
+    try:
+        resp = await client.get(f"/api/rollouts/{rollout_id}")
+        assert resp.status == 200, await resp.text()
+        body = await resp.json()
+        tokenizer: dict[str, object] = body["tokenizer"]
+        return tokenizer
+    finally:
+        await client.close()
+
+
+def test_a_rollout_fills_every_run_manifest_field_at_its_source(stack: Stack, tmp_path: Path) -> None:
+    """The manifest after one mini-swe-agent rollout through proxy, orchestrator and store: every
+    field filled (but those :data:`EMPTY_ON_LOCAL_SANDBOXES` names), each with its source's value;
+    the dashboard's tokenizer warning fires for another tokenizer than the served one."""
+    stack.replay.plan(_instruction("count-lines"), [oracle_command("train", "count-lines")])
+    (done,) = asyncio.run(_run(stack.orch.address, "count-lines", min_policy_version=stack.fake.policy_version))
+    assert done.status == common_pb2.ROLLOUT_STATUS_SUCCEEDED, done.failure_reason
+    manifest = asyncio.run(_run_manifest(stack.store.address, "run-1"))
+
+    filled = {field.name for field, _ in manifest.ListFields()}  # set scalars, messages, lists
+    missing = [f.name for f in manifest.DESCRIPTOR.fields if f.name not in filled]
+    assert sorted(missing) == sorted(EMPTY_ON_LOCAL_SANDBOXES), manifest
+    installed = json.loads((HARNESS_DIR / "mini-swe-agent" / "manifest.json").read_text())
+    assert (manifest.run_id, manifest.harness, manifest.model) == ("run-1", "mini-swe-agent", "policy-model")
+    assert manifest.harness_version == installed["version"]
+    assert manifest.policy_version == stack.fake.policy_version and manifest.sampling.max_tokens == 512
+    assert manifest.harness_config_hash.startswith("sha256:")
+    tokenizer_bytes = (stack.model / "tokenizer.json").read_bytes()
+    assert manifest.tokenizer_hash == "sha256:" + hashlib.sha256(tokenizer_bytes).hexdigest()
+    template = (stack.model / "chat_template.jinja").read_text()
+    assert manifest.chat_template_hash == "sha256:" + hashlib.sha256(template.encode()).hexdigest()
+    assert list(manifest.parsers) == PARSERS
+    assert manifest.verifier_version == TaskCatalog(TASKS).verifier_version()
+    assert manifest.create_time.seconds > 0
+
+    # The dashboard compares the tokenizer it decodes with against the manifest's.
+    same = asyncio.run(_dash_tokenizer(stack.store.address, stack.model, done.rollout_id))
+    assert same["matches_manifest"] is True, same
+    other = build_fake_model_dir(tmp_path / "other-model", vocab_size=512)
+    differs = asyncio.run(_dash_tokenizer(stack.store.address, other, done.rollout_id))
+    assert differs["matches_manifest"] is False, differs
 
 
 @pytest.fixture

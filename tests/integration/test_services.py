@@ -68,7 +68,7 @@ def test_proxy_sessions(nats_server: NatsServer, service_process: ServiceFactory
                     timeout_s=0.0,
                     create_time=0.0,
                 )
-                assert (await sessions.open(rollout, 2, 60.0)).startswith("ofk-")
+                assert (await sessions.open(rollout, 2, 60.0)).api_key.startswith("ofk-")
                 again = await stub.GetSession(proxy_pb2.GetSessionRequest(rollout_id="r1"))
                 assert (again.session.state, again.session.rollout_attempt) == (proxy_pb2.SESSION_STATE_OPEN, 2)
                 assert await sessions.close("r1") == 0

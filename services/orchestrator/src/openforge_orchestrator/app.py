@@ -47,7 +47,8 @@ class OrchestratorApp:
         self.settings = settings
         self.events = EventBus(settings.nats)
         metrics = default_rollout_metrics()
-        self.rollouts = RolloutRegistry(MeteredRolloutEvents(NatsRolloutEvents(self.events), metrics))
+        facts = NatsRolloutEvents(self.events)
+        self.rollouts = RolloutRegistry(MeteredRolloutEvents(facts, metrics))
         self.tasks = TaskCatalog(Path(settings.tasks.root))
         self.backend = backend_from_settings(settings)
         self.sessions = ProxySessions(settings.services.proxy)
@@ -68,6 +69,7 @@ class OrchestratorApp:
                 retry_backoff_s=s.retry_backoff_s,
                 retry_backoff_max_s=s.retry_backoff_max_s,
             ),
+            manifests=facts,
         )
         self.scheduler = Scheduler(
             self.rollouts,

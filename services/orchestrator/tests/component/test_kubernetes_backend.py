@@ -312,7 +312,7 @@ async def test_a_rollout_runs_as_a_job_and_its_reward_is_read_from_the_pod(
     assert spec["ttlSecondsAfterFinished"] == 600 and spec["backoffLimit"] == 0
     images = {c["name"]: c["image"] for c in spec["template"]["spec"]["initContainers"]}
     assert images["harness-install"] == "openforge/harness-codex:0.171.0"
-    assert images[HARNESS_CONTAINER] == "openforge/task-test-celsius-convert:latest"
+    assert images[HARNESS_CONTAINER] == backend.sandbox_image(task) == "openforge/task-test-celsius-convert:latest"
     assert spec["template"]["spec"]["automountServiceAccountToken"] is False
     # Egress only to the proxy's pods on its port, and DNS.
     rules = policy["spec"]["egress"]
@@ -557,6 +557,10 @@ async def test_the_service_builds_the_backend_from_its_settings_and_a_kubeconfig
     )
     launch = launches_from_settings(settings)(rollout, task, backend.proxy_base_url, KEY, 120)
     assert launch.image == "openforge/harness-mini-swe-agent:2.4.6" and launch.argv[0] == "mini"
+    # for the run manifest: the harness image's tag is the installed version, the task's image
+    # the sandbox's (the one its Job runs, checked below)
+    assert launch.version == "2.4.6"
+    assert backend.sandbox_image(task) == "openforge/task-test-celsius-convert:latest"
     try:
         result = await _run(
             backend, server, FakeJobController(server, "Complete", _message("0 5 9", 0, "1")), _plan(task, launch)

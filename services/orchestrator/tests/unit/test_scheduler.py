@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from openforge_core.manifest import ServedModel
 from openforge_orchestrator.adapters.metrics import MeteredRolloutEvents, RolloutMetrics
-from openforge_orchestrator.domain.execution import ExecutionSettings, RolloutExecutor
+from openforge_orchestrator.domain.execution import ExecutionSettings, OpenedSession, RolloutExecutor
+from openforge_orchestrator.domain.manifest import LaunchManifest
 from openforge_orchestrator.domain.rollouts import Rollout, RolloutRegistry, RolloutStatus, TaskRef
 from openforge_orchestrator.domain.sandbox import ExecutionPlan, ExecutionResult, HarnessLaunch, SandboxStartError
 from openforge_orchestrator.domain.scheduler import Scheduler
@@ -48,10 +50,11 @@ class FakeSessions:
         self.calls: dict[str, int] = {}
         self.opened: list[tuple[str, int]] = []
         self.closed: list[str] = []
+        self.served: ServedModel | None = None  # what CreateSession reports (None: not loaded)
 
-    async def open(self, rollout: Rollout, attempt: int, ttl_s: float) -> str:
+    async def open(self, rollout: Rollout, attempt: int, ttl_s: float) -> OpenedSession:
         self.opened.append((rollout.rollout_id, attempt))
-        return f"key-{rollout.rollout_id}-{attempt}"
+        return OpenedSession(f"key-{rollout.rollout_id}-{attempt}", self.served)
 
     async def close(self, rollout_id: str) -> int:
         self.closed.append(rollout_id)
@@ -71,6 +74,9 @@ class FakeBackend:
         self.attempts: dict[str, int] = {}
         self.gate = asyncio.Event()
         self.gate.set()
+
+    def sandbox_image(self, task: Task) -> str:
+        return ""
 
     async def execute(self, plan: ExecutionPlan) -> ExecutionResult:
         rid = plan.rollout_id
@@ -154,7 +160,7 @@ def _stack(tmp_path: Path, names: list[str], **kw: Any) -> tuple[Scheduler, Roll
     events = Events()
     metrics: RolloutMetrics | None = kw.pop("metrics", None)
     reg = RolloutRegistry(events if metrics is None else MeteredRolloutEvents(events, metrics))
-    sessions = FakeSessions()
+    sessions = kw.pop("sessions", None) or FakeSessions()
     backend = FakeBackend(sessions)
     catalog = _catalog(tmp_path, names)
     executor = RolloutExecutor(
@@ -165,6 +171,7 @@ def _stack(tmp_path: Path, names: list[str], **kw: Any) -> tuple[Scheduler, Roll
         _launch,
         kw.pop("policy", None),
         ExecutionSettings(max_infra_attempts=3, policy_wait_s=0.3, policy_poll_s=0.05),
+        manifests=kw.pop("manifests", None),
         sleep=_recorded(backend.retry_waits),
         jitter=lambda: 1.0,
     )
@@ -181,7 +188,7 @@ def _stack(tmp_path: Path, names: list[str], **kw: Any) -> tuple[Scheduler, Roll
 async def _submit(sched: Scheduler, names: list[str], n: int = 1, **kw: Any) -> list[Rollout]:
     return await sched.submit(
         request_id=kw.pop("request_id", "q"),
-        run_id="run",
+        run_id=kw.pop("run_id", "run"),
         tasks=[TaskRef(t, "s") for t in names],
         group_size=n,
         harness="command",
@@ -380,4 +387,45 @@ async def test_harness_not_installed_is_refused_at_submit(tmp_path: Path) -> Non
 
     with pytest.raises(InvalidArgument):
         await sched.submit(harness="codx", **{**submit, "request_id": "q3"})
+    await sched.close()
+
+
+class Manifests:
+    """Records each run's completed manifest; ``fail`` publications raise first."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[str, LaunchManifest]] = []
+        self.fail = 0
+
+    async def launched(self, rollout: Rollout, manifest: LaunchManifest) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("nats down")
+        self.published.append((rollout.run_id, manifest))
+
+
+SERVED = ServedModel("sha256:tok", "sha256:tpl", ("family:hermes", "tool_call:hermes", "reasoning:hermes"))
+
+
+async def test_each_run_s_manifest_is_completed_once_at_its_first_launch_with_a_served_model(tmp_path: Path) -> None:
+    sessions = FakeSessions()
+    manifests = Manifests()
+    sched, reg, _, _ = _stack(tmp_path, ["a", "b"], sessions=sessions, manifests=manifests)
+    # the proxy has not loaded the model yet: nothing to complete the manifest with
+    first = await _submit(sched, ["a"], request_id="q0")
+    assert [r.status for r in await _done(reg, [r.rollout_id for r in first])] == [RolloutStatus.SUCCEEDED]
+    assert manifests.published == []
+    sessions.served = SERVED
+    manifests.fail = 1  # the first publication fails: the rollout goes on, the next launch publishes
+    rollouts = await _submit(sched, ["a", "b"], 2, request_id="q1")
+    rollouts += await _submit(sched, ["a"], request_id="q2", run_id="other")
+    done = await _done(reg, [r.rollout_id for r in rollouts])
+    assert {r.status for r in done} == {RolloutStatus.SUCCEEDED}
+    assert sorted(run for run, _ in manifests.published) == ["other", "run"]  # once per run
+    catalog = TaskCatalog(tmp_path)
+    for _, manifest in manifests.published:
+        assert manifest.served == SERVED
+        assert manifest.verifier_version == catalog.verifier_version()
+        assert manifest.sandbox_image_digest == ""  # the fake backend runs no image
+        assert manifest.harness_version == "" and manifest.harness_config_hash.startswith("sha256:")
     await sched.close()

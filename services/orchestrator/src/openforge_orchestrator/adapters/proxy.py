@@ -12,7 +12,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from openforge_core.errors import Unavailable
+from openforge_core.manifest import ServedModel
 from openforge_core.rpc.client import open_channel
+from openforge_orchestrator.domain.execution import OpenedSession
 from openforge_orchestrator.domain.rollouts import Rollout
 
 SERVICE = proxy_pb2.DESCRIPTOR.services_by_name["ProxyService"].full_name
@@ -38,8 +40,9 @@ class ProxySessions:
         )
         self._stub = proxy_pb2_grpc.ProxyServiceStub(self._channel)
 
-    async def open(self, rollout: Rollout, attempt: int, ttl_s: float) -> str:
-        """Opens the rollout's session with its limits and sampling; returns the key.
+    async def open(self, rollout: Rollout, attempt: int, ttl_s: float) -> OpenedSession:
+        """Opens the rollout's session with its limits and sampling; returns the key and what the
+        proxy serves with (when it has loaded the model).
 
         Raises:
             Unavailable: The proxy cannot be reached (an infrastructure failure).
@@ -66,7 +69,11 @@ class ProxySessions:
             response = await self._stub.CreateSession(request)
         except grpc.aio.AioRpcError as exc:
             raise Unavailable(f"proxy CreateSession failed: {exc.code().name}: {exc.details()}") from exc
-        return response.api_key
+        served = None
+        if response.HasField("served_model"):
+            m = response.served_model
+            served = ServedModel(m.tokenizer_hash, m.chat_template_hash, tuple(m.parsers))
+        return OpenedSession(response.api_key, served)
 
     async def close(self, rollout_id: str) -> int:
         """Closes the session; returns the model calls it served (0 when the proxy lost it)."""

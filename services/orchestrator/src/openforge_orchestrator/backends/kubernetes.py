@@ -611,6 +611,10 @@ class KubernetesBackend:
 
     # --- lifecycle ---------------------------------------------------------------------------
 
+    def sandbox_image(self, task: Task) -> str:
+        """The task's image (:func:`task_image`): its workspace, harness and verifier run in it."""
+        return task_image(self.settings, task)
+
     async def execute(self, plan: ExecutionPlan) -> ExecutionResult:
         """Creates the rollout's Job, Secret and NetworkPolicy, watches the Job to its end, reads
         the result from the pod, deletes the Job.

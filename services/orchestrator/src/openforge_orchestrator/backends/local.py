@@ -547,6 +547,10 @@ class LocalBackend:
 
     # --- one rollout ------------------------------------------------------------------------
 
+    def sandbox_image(self, task: Task) -> str:
+        """None (""): bubblewrap sandboxes run on the host's own filesystem."""
+        return ""
+
     async def execute(self, plan: ExecutionPlan) -> ExecutionResult:
         """Runs the harness (or the oracle) and the verifier in fresh sandboxes; removes them.
 

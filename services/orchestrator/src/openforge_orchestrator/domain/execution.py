@@ -13,6 +13,10 @@ Outcomes (``RolloutFinished``):
   tried another network destination. A flagged rollout has ``bypass_reason`` set and no reward,
   so it is never trained on as a plain failure;
 * CANCELLED by ``CancelRollout``: the sandbox is stopped, the session closed, the calls kept.
+
+The first launch of a run in this process completes the run's manifest
+(:mod:`~openforge_orchestrator.domain.manifest`): once its session reported what the proxy serves
+with (it does once the proxy has loaded the model; until then the next launch tries again).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import structlog
 
 from openforge_core.backoff import doubling_delay
 from openforge_core.errors import OpenForgeError, Unavailable
+from openforge_core.manifest import ServedModel
+from openforge_orchestrator.domain.manifest import LaunchManifest, RunManifests, image_digest, run_config_hash
 from openforge_orchestrator.domain.rollouts import Rollout, RolloutRegistry, RolloutStatus
 from openforge_orchestrator.domain.sandbox import (
     ExecutionPlan,
@@ -44,16 +50,30 @@ LOG_ATTEMPT = "rollout.attempt"
 LOG_RETRY = "rollout.infra_retry"
 LOG_FLAGGED = "rollout.bypass_flagged"
 LOG_FAILED = "rollout.failed"
+LOG_MANIFEST_FAILED = "run.manifest_failed"
 
 NO_PROXY_CALL = "no model call went through the proxy"
 OTHER_DESTINATIONS = "tried other network destinations: "
 
 
+@dataclass(frozen=True)
+class OpenedSession:
+    """A rollout's proxy session as opened.
+
+    Attributes:
+        api_key: The rollout's key.
+        served: What the proxy serves the session with; None while it has not loaded the model.
+    """
+
+    api_key: str
+    served: ServedModel | None = None
+
+
 class SessionGateway(Protocol):
     """The proxy's per-rollout sessions."""
 
-    async def open(self, rollout: Rollout, attempt: int, ttl_s: float) -> str:
-        """Opens the rollout's session (idempotent per attempt); returns its key."""
+    async def open(self, rollout: Rollout, attempt: int, ttl_s: float) -> OpenedSession:
+        """Opens the rollout's session (idempotent per attempt)."""
         ...
 
     async def close(self, rollout_id: str) -> int:
@@ -122,6 +142,7 @@ class RolloutExecutor:
         build_launch: Harness launch builder.
         policy: Served policy version (None = no gate).
         settings: Retries and timings.
+        manifests: Where each run's manifest goes, completed at its first launch (None: nowhere).
         clock: Monotonic seconds (injectable for tests).
         sleep: ``asyncio.sleep`` (injectable for tests).
         jitter: Uniform draws in [0, 1) for the retry backoff (injectable for tests).
@@ -136,6 +157,7 @@ class RolloutExecutor:
         build_launch: LaunchBuilder,
         policy: PolicyVersions | None = None,
         settings: ExecutionSettings = ExecutionSettings(),
+        manifests: RunManifests | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         jitter: Callable[[], float] = random.random,
@@ -147,10 +169,14 @@ class RolloutExecutor:
         self._build_launch = build_launch
         self._policy = policy
         self._settings = settings
+        self._manifests = manifests
         self._clock = clock
         self._sleep = sleep
         self._jitter = jitter
         self._cancel_reasons: dict[str, str] = {}
+        #: Runs whose manifest this process completed; the lock lets one launch complete it.
+        self._manifested: set[str] = set()
+        self._manifest_lock = asyncio.Lock()
 
     async def run(self, rollout_id: str) -> Rollout:
         """Runs the rollout; returns it terminal. Cancelling ends it CANCELLED (then re-raises)."""
@@ -226,9 +252,10 @@ class RolloutExecutor:
 
     async def _attempt(self, rollout: Rollout, task: Task, attempt: int) -> tuple[ExecutionResult, int]:
         timeout_s = rollout.timeout_s or task.agent_timeout_s
-        key = await self._sessions.open(
+        session = await self._sessions.open(
             rollout, attempt, timeout_s + task.verifier_timeout_s + self._settings.session_grace_s
         )
+        key = session.api_key
         closed: list[int] = []
 
         async def close_session() -> None:
@@ -237,6 +264,8 @@ class RolloutExecutor:
 
         try:
             launch = self._build_launch(rollout, task, self._backend.proxy_base_url, key, timeout_s)
+            if session.served is not None:
+                await self._complete_manifest(rollout, task, launch, session.served)
             if self._registry.get(rollout.rollout_id).status is RolloutStatus.PENDING:
                 await self._registry.mark_started(rollout.rollout_id)
             result = await self._backend.execute(
@@ -254,6 +283,35 @@ class RolloutExecutor:
             if not closed:
                 await asyncio.shield(close_session())
         return result, closed[0]
+
+    async def _complete_manifest(
+        self, rollout: Rollout, task: Task, launch: HarnessLaunch, served: ServedModel
+    ) -> None:
+        """Publishes the run's complete manifest at its first launch in this process.
+
+        Launches arriving meanwhile wait for it. A failure (the task catalog unreadable, the event
+        bus down) is logged and left to the run's next launch: the manifest is no reason to fail a
+        rollout.
+        """
+        run_id = rollout.run_id
+        if self._manifests is None or not run_id or run_id in self._manifested:
+            return
+        async with self._manifest_lock:
+            if run_id in self._manifested:
+                return
+            try:
+                manifest = LaunchManifest(
+                    harness_version=launch.version,
+                    harness_config_hash=run_config_hash(self._build_launch, rollout, task),
+                    served=served,
+                    sandbox_image_digest=image_digest(self._backend.sandbox_image(task)),
+                    verifier_version=await asyncio.to_thread(self._tasks.verifier_version),
+                )
+                await self._manifests.launched(rollout, manifest)
+            except Exception as exc:  # whatever the publisher raises: the rollout goes on
+                log.warning(LOG_MANIFEST_FAILED, run_id=run_id, error=repr(exc))
+                return
+            self._manifested.add(run_id)
 
     async def _finish(
         self, rollout_id: str, task: Task, result: ExecutionResult, calls: int, attempts: int, crashed: bool

@@ -154,6 +154,10 @@ class SandboxBackend(Protocol):
         """
         ...
 
+    def sandbox_image(self, task: Task) -> str:
+        """The image ``task``'s sandboxes run (for the run manifest); "" when they run none."""
+        ...
+
     async def execute(self, plan: ExecutionPlan) -> ExecutionResult:
         """Runs the harness (or the oracle), then the verifier; removes the sandbox.
 

@@ -21,6 +21,7 @@ The local sandbox cannot run a Dockerfile; it reads the subset a workspace needs
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import tomllib
@@ -29,6 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from openforge_core.errors import InvalidArgument, NotFound
+from openforge_core.manifest import files_digest
 
 DEFAULT_WORKDIR = "/app"
 DEFAULT_AGENT_TIMEOUT_S = 600.0
@@ -344,3 +346,24 @@ class TaskCatalog:
         if not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and _ID.match(p.name))
+
+    def verifier_version(self) -> str:
+        """``sha256:<hex>`` over the ``tests/`` folder of every task of every set (the run
+        manifest's ``verifier_version``): per file, in order of its path
+        ``<task_set>/<task_id>/tests/<relative path>``, that path and the file's bytes (a symbolic
+        link: ``symlink:`` and its target). Reads the files now: a changed test changes it.
+
+        Raises:
+            OSError: A file could not be read.
+        """
+        files: list[tuple[str, bytes]] = []
+        for task_set in self.sets():
+            for task_id in self.ids(task_set):
+                tests = self.root / task_set / task_id / "tests"
+                for folder, _, names in os.walk(tests):
+                    for name in names:
+                        path = Path(folder) / name
+                        key = f"{task_set}/{task_id}/tests/{path.relative_to(tests).as_posix()}"
+                        content = f"symlink:{os.readlink(path)}".encode() if path.is_symlink() else path.read_bytes()
+                        files.append((key, content))
+        return files_digest(sorted(files))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from openforge_core.errors import FailedPrecondition, InvalidArgument
+from openforge_orchestrator.domain.manifest import image_tag
 from openforge_orchestrator.domain.rollouts import HARNESSES, Rollout
 from openforge_orchestrator.domain.sandbox import HarnessLaunch
 from openforge_orchestrator.domain.tasks import Task
@@ -23,7 +25,7 @@ class LaunchFactory:
         install_dir: Where ``openforge harness install`` put the harnesses; None when they are on
             the sandbox image's PATH (Kubernetes).
         default_command: The ``command`` harness's template when a rollout gives none.
-        images: Harness name → image (Kubernetes).
+        images: Harness name → image (Kubernetes); its tag is the launch's version.
         config_files: Harness name → settings file layered over its defaults (read once, here;
             its text goes into each sandbox).
 
@@ -101,6 +103,6 @@ class LaunchFactory:
         except InvalidCommand as exc:
             raise InvalidArgument.field("command", str(exc)) from exc
         image = self._images.get(rollout.harness, "")
-        if image:
-            return HarnessLaunch(**{**launch.__dict__, "image": image})
+        if image:  # the image's tag is the installed version (deploy/harness/<name> pins it)
+            return replace(launch, image=image, version=launch.version or image_tag(image))
         return launch
