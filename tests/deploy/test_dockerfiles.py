@@ -1,15 +1,31 @@
-"""The service and harness images, read with Docker's own parser and linted with hadolint."""
+"""The service and harness images, read with Docker's own parser and linted with hadolint.
+
+The five services share ``services/Dockerfile``; each check runs for every service (and
+variant) with the build arguments of ``dockerfiles.service_build_args``, and the checks of
+``tools.deploy.dockerfiles`` are shown to catch what they promise on broken copies of it.
+"""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 import tomllib
+from pathlib import Path
 
 import pytest
 
 from tools.deploy import dockerfiles
-from tools.deploy.dockerfiles import ParsedDockerfile, Stage, parse_dockerfile
+from tools.deploy.dockerfiles import (
+    SERVICE_DOCKERFILE,
+    SERVICE_IMAGES,
+    ParsedDockerfile,
+    Stage,
+    parse_dockerfile,
+    service_build_args,
+    service_module,
+    service_variants,
+)
 
 ROOT = dockerfiles.ROOT
 SERVICES = {
@@ -20,7 +36,10 @@ SERVICES = {
     "trainer": ("openforge_trainer", "openforge-trainer"),
 }
 GPU_SERVICES = ("inference", "trainer")
+#: Every service image: (service, variant).
+IMAGES = [(s, v) for s in SERVICES for v in service_variants(s)]
 NON_ROOT_USER = "10001:10001"
+ENTRYPOINT = "/usr/local/bin/openforge-service"
 
 #: The harness CLIs and the versions observed in shared/reference/harness-protocols.md.
 HARNESSES = {
@@ -31,38 +50,63 @@ HARNESSES = {
 }
 
 
-def service_dockerfile(service: str) -> ParsedDockerfile:
-    return parse_dockerfile(ROOT / "services" / service / "Dockerfile")
+def service_dockerfile() -> ParsedDockerfile:
+    return parse_dockerfile(SERVICE_DOCKERFILE)
 
 
 def runs(stage: Stage) -> str:
     return "\n".join(" ".join(i.value) for i in stage.commands("RUN"))
 
 
+def resolved_runs(df: ParsedDockerfile, stage: str, service: str, variant: str = "cpu") -> list[str]:
+    """The stage's RUN commands with the image's build args substituted."""
+    instructions, _ = df.resolved(df.stage(stage), service_build_args(service, variant))
+    return [" ".join(i.value) for i in instructions if i.cmd == "RUN"]
+
+
 def test_every_dockerfile_is_lint_clean() -> None:
     files = dockerfiles.all_dockerfiles()
-    assert len(files) == len(SERVICES) + len(HARNESSES)
+    assert files == sorted([SERVICE_DOCKERFILE, *(ROOT / "deploy" / "harness" / h / "Dockerfile" for h in HARNESSES)])
+    assert not list(ROOT.glob("services/*/Dockerfile")), "one Dockerfile for the services: services/Dockerfile"
     status, report = dockerfiles.hadolint(files)
     assert status == 0, report
 
 
-@pytest.mark.parametrize("service", SERVICES)
-def test_each_service_image_has_the_dependency_dev_and_runtime_stages(service: str) -> None:
-    df = service_dockerfile(service)
+def test_the_image_table_names_every_service_and_its_package() -> None:
+    assert set(SERVICE_IMAGES) == set(SERVICES) == {p.parent.name for p in ROOT.glob("services/*/pyproject.toml")}
+    for service, (package, dist) in SERVICES.items():
+        assert service_module(service) == package
+        assert (ROOT / "services" / service / "src" / package / "__main__.py").is_file()
+        project = tomllib.loads((ROOT / "services" / service / "pyproject.toml").read_text())["project"]
+        assert project["name"] == dist == f"openforge-{service}"
+    assert {s for s, v in IMAGES if v == "gpu"} == set(GPU_SERVICES)
+
+
+@pytest.mark.parametrize(("service", "variant"), IMAGES)
+def test_each_service_image_passes_every_static_check(service: str, variant: str) -> None:
+    """Builds from the context, non-root, exec-form entrypoint, no build tools at run time."""
+    assert dockerfiles.service_image_problems(service, variant) == []
+
+
+def test_the_image_has_the_dependency_dev_and_runtime_stages() -> None:
+    df = service_dockerfile()
     assert {"deps", "dev", "build", "runtime"} <= set(df.stage_names)
     # The last stage is what a plain `docker build` produces.
     assert df.stages[-1].name == "runtime"
     assert df.chain("dev")[1] == "deps"
+    assert df.global_args["SERVICE"] is None, "no default: a build names its service"
 
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_the_dependency_layer_comes_from_the_lock_alone(service: str) -> None:
     _, dist = SERVICES[service]
-    deps = service_dockerfile(service).stage("deps")
-    assert not deps.commands("COPY") or all(
-        "libs/" not in i.original and "services/" not in i.original for i in deps.commands("COPY")
-    ), "no source is copied before the dependencies are installed"
-    first_run = deps.commands("RUN")[0]
+    df = service_dockerfile()
+    deps, _ = df.resolved(df.stage("deps"), service_build_args(service))
+    copies = [i for i in deps if i.cmd == "COPY"]
+    assert all("libs/" not in i.original and "services/" not in i.original for i in copies), (
+        "no source is copied before the dependencies are installed"
+    )
+    first_run = next(i for i in deps if i.cmd == "RUN")
     assert f"uv sync --frozen --no-dev --no-install-workspace --package {dist}" in " ".join(first_run.value)
     mounts = [f for f in first_run.flags if f.startswith("--mount=type=bind")]
     assert {m.split("source=")[1].split(",")[0] for m in mounts} == {
@@ -77,53 +121,170 @@ def test_the_dependency_layer_comes_from_the_lock_alone(service: str) -> None:
 @pytest.mark.parametrize("service", SERVICES)
 def test_dev_installs_editable_sources_and_runtime_a_built_venv(service: str) -> None:
     _, dist = SERVICES[service]
-    df = service_dockerfile(service)
-    dev = runs(df.stage("dev"))
+    df = service_dockerfile()
+    dev = "\n".join(resolved_runs(df, "dev", service))
     assert f"--inexact --package {dist}" in dev and "--no-editable" not in dev
-    assert "--no-editable" in runs(df.stage("build"))
-    copies = [i.original for i in df.stage("dev").commands("COPY")]
+    assert f"--no-editable --inexact --package {dist}" in "\n".join(resolved_runs(df, "build", service))
+    instructions, _ = df.resolved(df.stage("dev"), service_build_args(service))
+    copies = [(i.flags, i.value) for i in instructions if i.cmd == "COPY"]
     for src in ("libs/api/", "libs/core/", f"services/{service}/"):
-        assert any(src in c and "--chown=10001:10001" in c for c in copies), src
+        assert (("--chown=10001:10001",), (src, src)) in copies, src
 
 
-@pytest.mark.parametrize("service", SERVICES)
 @pytest.mark.parametrize("stage_name", ["dev", "runtime"])
-def test_the_service_runs_non_root_as_pid_1_in_exec_form(service: str, stage_name: str) -> None:
-    package, _ = SERVICES[service]
-    stage = service_dockerfile(service).stage(stage_name)
+def test_the_service_runs_non_root_with_an_exec_form_entrypoint(stage_name: str) -> None:
+    stage = service_dockerfile().stage(stage_name)
     users = stage.commands("USER")
     assert users and users[-1].value == (NON_ROOT_USER,)
     entrypoint = stage.commands("ENTRYPOINT")[-1]
-    assert entrypoint.json, "exec form: Python is PID 1 and receives SIGTERM"
-    assert list(entrypoint.value) == ["python", "-m", package]
-    assert (ROOT / "services" / service / "src" / package).is_dir()
+    assert entrypoint.json, "exec form: no shell in front of the service"
+    assert list(entrypoint.value) == [ENTRYPOINT]
 
 
 @pytest.mark.parametrize("service", SERVICES)
-def test_the_runtime_stage_has_no_build_tools(service: str) -> None:
-    df = service_dockerfile(service)
+def test_the_entrypoint_execs_python_on_the_service_module(service: str, tmp_path: Path) -> None:
+    """Runs the base stage's RUN that writes the entrypoint (with a temporary path for it): the
+    script must `exec` Python on the service's module, so that Python is PID 1."""
+    df = service_dockerfile()
+    (writer,) = [r for r in resolved_runs(df, "base", service) if ENTRYPOINT in r]
+    script = tmp_path / "openforge-service"
+    done = subprocess.run(
+        ["sh", "-c", writer.replace(ENTRYPOINT, str(script))], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert script.read_text() == f'#!/bin/sh\nexec /app/.venv/bin/python -m {SERVICES[service][0]} "$@"\n'
+    assert script.stat().st_mode & 0o755 == 0o755
+    # No SERVICE, no image: the same line refuses to write an entrypoint.
+    unset = subprocess.run(
+        ["sh", "-c", " ".join(next(i for i in df.stage("base").commands("RUN") if ENTRYPOINT in i.original).value)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "SERVICE": ""},
+    )
+    assert unset.returncode != 0 and "--build-arg SERVICE=" in unset.stderr
+
+
+@pytest.mark.parametrize(("service", "variant"), IMAGES)
+def test_the_runtime_stage_has_no_build_tools(service: str, variant: str) -> None:
+    df = service_dockerfile()
+    args = service_build_args(service, variant)
     runtime = df.stage("runtime")
     assert [i.original for i in runtime.instructions if i.cmd in ("RUN", "ADD")] == []
     assert [i.flags for i in runtime.commands("COPY")] == [("--from=build",)]
     # Neither the runtime nor what it is built on gets uv.
-    for name in df.chain("runtime")[:-1]:
-        stage = df.stage(name)
-        assert not any("--from=uv" in i.flags for i in stage.commands("COPY")), name
-    if service not in GPU_SERVICES:
-        assert "pip uninstall" in runs(df.stage("base"))
+    chain = df.chain("runtime", args)
+    for name in chain[:-1]:
+        assert not any("--from=uv" in i.flags for i in df.stage(name).commands("COPY")), name
+    if variant == "cpu":
+        assert "pip uninstall" in "\n".join(runs(df.stage(name)) for name in chain[:-1])
+        assert dockerfiles.RUNTIME_PACKAGES["cpu"] == frozenset()
 
 
 @pytest.mark.parametrize("service", GPU_SERVICES)
 def test_the_gpu_variant_is_built_on_cuda(service: str) -> None:
-    df = service_dockerfile(service)
-    assert df.chain("runtime")[-1].startswith("python:3.11")
-    gpu_base = df.chain("runtime", {"VARIANT": "gpu"})[-1]
+    df = service_dockerfile()
+    assert df.chain("runtime", service_build_args(service))[-1].startswith("python:3.11")
+    gpu_args = service_build_args(service, "gpu")
+    gpu_base = df.chain("runtime", gpu_args)[-1]
     assert gpu_base.startswith("nvidia/cuda:"), gpu_base
-    assert df.chain("dev", {"VARIANT": "gpu"})[-1] == gpu_base
+    assert df.chain("dev", gpu_args)[-1] == gpu_base
+    for variant in ("cpu", "gpu"):
+        assert service_build_args(service, variant)["ENGINE_REQUIREMENTS"] == f"requirements/{service}-{variant}.txt"
     deps = df.stage("deps")
-    default = next(w for i in deps.commands("ARG") for w in i.value if w.startswith("ENGINE_REQUIREMENTS="))
-    assert default == f"ENGINE_REQUIREMENTS=requirements/{service}-${{VARIANT}}.txt"
     assert "-c /tmp/lock-constraints.txt" in runs(deps), "the engine stack may not move locked versions"
+
+
+@pytest.mark.parametrize("service", [s for s in SERVICES if s not in GPU_SERVICES])
+def test_the_light_services_get_no_engine_stack(service: str) -> None:
+    assert "ENGINE_REQUIREMENTS" not in service_build_args(service)
+    assert (
+        next(w for i in service_dockerfile().stage("deps").commands("ARG") for w in i.value if w.startswith("ENGINE_"))
+        == 'ENGINE_REQUIREMENTS=""'
+    )
+    with pytest.raises(ValueError, match="no gpu image"):
+        service_build_args(service, "gpu")
+
+
+# --- the checks catch what they promise ---------------------------------------------------------
+
+
+def broken_copy(tmp_path: Path, old: str, new: str) -> Path:
+    """A copy of the build context whose services/Dockerfile has the last ``old`` replaced by ``new``."""
+    text = SERVICE_DOCKERFILE.read_text()
+    assert old in text, old
+    head, _, tail = text.rpartition(old)
+    for item in ("uv.lock", "pyproject.toml", "libs", "requirements", ".dockerignore"):
+        (tmp_path / item).symlink_to(ROOT / item)
+    (tmp_path / "services").mkdir()
+    for service in SERVICES:
+        (tmp_path / "services" / service).symlink_to(ROOT / "services" / service)
+    path = tmp_path / "services" / "Dockerfile"
+    path.write_text(head + new + tail)
+    return path
+
+
+RUNTIME_STAGE = "FROM base AS runtime\n"
+RUNTIME_TAIL = 'USER 10001:10001\nEXPOSE ${PORTS}\nENTRYPOINT ["/usr/local/bin/openforge-service"]\n'
+BROKEN = {
+    "a missing COPY source": ("COPY libs/core/ libs/core/", "COPY libs/kore/ libs/core/", "COPY source libs/kore/"),
+    "a missing bind-mount source": (
+        "source=libs/api/pyproject.toml,",
+        "source=libs/ap/pyproject.toml,",
+        "bind mount source libs/ap/pyproject.toml",
+    ),
+    "a shell-form entrypoint": (
+        RUNTIME_TAIL,
+        "USER 10001:10001\nEXPOSE ${PORTS}\nENTRYPOINT exec /usr/local/bin/openforge-service\n",
+        r"--target runtime: line \d+: ENTRYPOINT in shell form",
+    ),
+    "the root user": (RUNTIME_TAIL, RUNTIME_TAIL.replace("10001:10001", "root"), "--target runtime: .*runs as root"),
+    "gid 0": (RUNTIME_TAIL, RUNTIME_TAIL.replace("10001:10001", "10001:0"), "--target runtime: .*runs as root"),
+    "no user": (RUNTIME_TAIL, RUNTIME_TAIL.replace("USER 10001:10001\n", ""), r"runtime: runs as root \(no USER\)"),
+    "a compiler in the runtime stage": (
+        RUNTIME_STAGE,
+        RUNTIME_STAGE + "RUN apt-get update && apt-get install --yes --no-install-recommends gcc\n",
+        "installs gcc",
+    ),
+    "a compiler in the base": (
+        "RUN groupadd",
+        "RUN apt-get install --yes --no-install-recommends build-essential && groupadd",
+        r"stage base, line \d+: installs build-essential",
+    ),
+    "a runtime on the deps stage (uv inside)": (RUNTIME_STAGE, "FROM deps AS runtime\n", "copies uv into the image"),
+    "pip in the runtime": (RUNTIME_STAGE, RUNTIME_STAGE + "RUN pip install httpx\n", "runs an installer"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_the_static_checks_catch_a_broken_image(case: str, tmp_path: Path) -> None:
+    old, new, expected = BROKEN[case]
+    path = broken_copy(tmp_path, old, new)
+    problems = dockerfiles.service_image_problems("proxy", "cpu", dockerfile=path)
+    assert any(re.search(expected, p) for p in problems), problems
+
+
+def test_the_static_checks_catch_an_unset_service_and_an_unknown_build_arg(tmp_path: Path) -> None:
+    df = service_dockerfile()
+    problems = dockerfiles.context_problems(df, "runtime", {"SERVIC": "proxy"})
+    assert any("build arg SERVIC is not an ARG" in p for p in problems)
+    assert any("ARG SERVICE has no value" in p for p in problems)
+    # A SERVICE that is no folder under services/.
+    problems = dockerfiles.context_problems(df, "runtime", {"SERVICE": "nope"})
+    assert any("COPY source services/nope/ is not in the context" in p for p in problems)
+    # An engine lock that is not in the context.
+    path = broken_copy(tmp_path, "FROM base AS deps\n", "FROM base AS deps\n")
+    (tmp_path / "requirements").unlink()
+    problems = dockerfiles.service_image_problems("trainer", "gpu", dockerfile=path)
+    assert any("ENGINE_REQUIREMENTS=requirements/trainer-gpu.txt is not a file" in p for p in problems)
+
+
+def test_gcc_is_allowed_only_in_the_gpu_runtime() -> None:
+    df = service_dockerfile()
+    gpu = dockerfiles.build_tool_problems(df, "runtime", service_build_args("trainer", "gpu"))
+    assert {p.rsplit(": ", 1)[-1] for p in gpu} == {"installs ca-certificates", "installs gcc", "installs libc6-dev"}
+    allowed = dockerfiles.RUNTIME_PACKAGES["gpu"]
+    assert dockerfiles.build_tool_problems(df, "runtime", service_build_args("trainer", "gpu"), allowed) == []
 
 
 def normalize(name: str) -> str:
@@ -162,6 +323,10 @@ def test_the_engine_lock_never_moves_a_locked_version(service: str, variant: str
 
 
 def test_the_build_context_admits_only_what_the_images_need() -> None:
+    for path in ("uv.lock", "libs/api/src", "services/proxy/src", "requirements/inference-gpu.txt"):
+        assert dockerfiles.in_context(path, ROOT), path
+    for path in ("libs/testing", "services/proxy/tests", "tests", "examples", ".venv"):
+        assert not dockerfiles.in_context(path, ROOT), path
     lines = [
         line.strip()
         for line in (ROOT / ".dockerignore").read_text().splitlines()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import starlark as sl
 
-from tools.deploy import tilt_check
+from tools.deploy import dockerfiles, tilt_check
 from tools.deploy.tilt_stubs import FallBackOnStep, RunStep, SyncStep, TiltRun, TiltStubs, evaluate
 
 SERVICES = {
@@ -41,18 +41,22 @@ def test_the_gpu_flag_switches_overlay_and_images(run: TiltRun) -> None:
         ref = f"openforge/{service}-gpu" if gpu and service in GPU_SERVICES else f"openforge/{service}"
         assert ref in refs, ref
         base = next(img for img in run.images if img.base_of == ref)
-        assert base.build_args == ({"VARIANT": "gpu"} if gpu and service in GPU_SERVICES else {})
+        variant = "gpu" if gpu and service in GPU_SERVICES else "cpu"
+        # The one service Dockerfile, told which image by the arguments dockerfiles.py checks.
+        assert base.build_args == dockerfiles.service_build_args(service, variant)
 
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_each_service_image_live_updates_with_sync_and_restart(run: TiltRun, service: str) -> None:
     child = next(img for img in run.images if img.base_of is None and img.ref.startswith(f"openforge/{service}"))
     base = next(img for img in run.images if img.base_of == child.ref)
-    # Built from the repo root, from the service's own Dockerfile, dev stage.
+    # Built from the repo root, from the services' one Dockerfile, dev stage.
     assert base.context == "."
-    assert base.dockerfile == f"services/{service}/Dockerfile"
+    assert base.dockerfile == "services/Dockerfile"
     assert base.target == "dev"
     assert {"uv.lock", "libs/api", "libs/core", f"services/{service}"} <= set(base.only)
+    if service in GPU_SERVICES:
+        assert base.build_args["ENGINE_REQUIREMENTS"] in base.only
     steps = child.live_update
     # A lock or project file change falls back to a full build...
     assert isinstance(steps[0], FallBackOnStep)
@@ -67,6 +71,7 @@ def test_each_service_image_live_updates_with_sync_and_restart(run: TiltRun, ser
     # ...and the process restarts (the restart_process extension's last step).
     assert isinstance(steps[-1], RunStep) and str(steps[-1].cmd).startswith("date > /app/")
     assert child.entrypoint[-3:] == ["python", "-m", SERVICES[service]]
+    assert SERVICES[service] == dockerfiles.service_module(service)  # what the image runs, too
 
 
 def test_codegen_is_a_local_resource_the_services_wait_for(run: TiltRun) -> None:
@@ -99,6 +104,26 @@ def test_every_path_the_tiltfile_names_exists(run: TiltRun) -> None:
             assert (root / dep).exists(), dep
     for folder in run.kustomized:
         assert (root / folder / "kustomization.yaml").is_file()
+
+
+def test_the_analysis_reads_each_dockerfile_with_the_images_build_args(tmp_path: Path) -> None:
+    """What `docker build` would miss: an ARG the target needs, a source outside `only`."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "Dockerfile").write_text(
+        "ARG NAME\nFROM scratch AS app\nARG NAME\nCOPY ${NAME}/ /app/\nCOPY other/ /other/\n"
+    )
+    run = evaluate_snippet(
+        tmp_path,
+        """\
+        docker_build('openforge/a', '.', target='app', only=['src'])
+        docker_build('openforge/b', '.', target='app', build_args={'NAME': 'src'}, only=['src'])
+        """,
+    )
+    problems = "\n".join(tilt_check.analyze(run))
+    assert "image openforge/a: " in problems and "ARG NAME has no value: pass it" in problems
+    assert "image openforge/b: " in problems and "COPY source other/ is not in the context" in problems
+    assert "COPY source src/" not in problems
 
 
 def test_what_tilt_builds_is_inside_the_docker_build_context(run: TiltRun) -> None:

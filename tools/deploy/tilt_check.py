@@ -7,7 +7,9 @@ missing file or folder, an unknown Dockerfile stage or build arg, and misordered
 steps. :func:`analyze` then checks the whole result the way Tilt would on ``up``: every built
 image is deployed and every project image deployed is built, each ``k8s_resource`` names a
 workload or objects that exist, resource dependencies exist and have no cycle, port forwards
-reach a declared container port and do not collide.
+reach a declared container port and do not collide; and what ``docker build`` would find
+missing: each image's Dockerfile target, read with its build args, gets every ARG it needs and
+every ``COPY``/bind-mount source from the context Tilt sends (``only``, ``.dockerignore``).
 
 Usage, from the repository root: ``python -m tools.deploy.tilt_check``; exits 1 and lists the problems if any.
 """
@@ -22,6 +24,7 @@ from typing import Any
 
 import starlark as sl
 
+from tools.deploy.dockerfiles import context_problems, parse_dockerfile
 from tools.deploy.k8s_check import ROOT, kustomize_build_text
 from tools.deploy.tilt_stubs import K8sResource, Link, PortForward, TiltRun, TiltStubs, evaluate
 
@@ -146,6 +149,12 @@ def analyze(run: TiltRun, own_image_prefix: str = OWN_IMAGE_PREFIX) -> list[str]
             problems.append(f"image {name} (used by {', '.join(users)}) is deployed but never built")
     if len(built) != len(run.images):
         problems.append("an image ref is built twice")
+    for img in run.images:
+        if img.dockerfile:
+            df = parse_dockerfile(run.root / img.dockerfile)
+            target = img.target or df.stages[-1].name
+            found = context_problems(df, target, img.build_args, run.root / img.context, img.only or None)
+            problems.extend(f"image {img.ref}: {p}" for p in found)
 
     # Resources.
     resources: dict[str, K8sResource] = {}
