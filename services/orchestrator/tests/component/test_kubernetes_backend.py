@@ -25,6 +25,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import kmock
@@ -233,6 +234,124 @@ def _validate(obj: dict[str, Any]) -> None:
     kv.validate(obj, KUBERNETES_VERSION, strict=True)
 
 
+RUNTIME_DEFAULT = {"type": "RuntimeDefault"}
+
+
+def _assert_hardened(
+    job: dict[str, Any], secret: dict[str, Any], policy: dict[str, Any], backend: KubernetesBackend
+) -> None:
+    """The rollout pod's hardening, on the objects the backend renders (issue 26, item 4), for
+    every container, init containers included.
+
+    Not asserted because the backend does not do it yet: a read-only root filesystem (with
+    emptyDirs for ``/tmp``, ``/var/tmp`` and the verifier's own ``HOME``), and DNS limited to
+    the proxy's name (the policy lets the pod ask the cluster DNS for any name).
+    """
+    s = backend.settings
+    name = job["metadata"]["name"]
+    template = job["spec"]["template"]
+    pod = template["spec"]
+    containers = [*pod["initContainers"], *pod["containers"]]
+    assert [c["name"] for c in containers][-2:] == [HARNESS_CONTAINER, VERIFIER_CONTAINER]
+    assert containers[0]["name"] == "workspace"
+
+    # No API credential: no token mounted (the service account has no permission either),
+    # no pull secret, no service links, nothing of the node's namespaces.
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["serviceAccountName"] == s.service_account
+    assert pod["enableServiceLinks"] is False
+    for absent in ("imagePullSecrets", "hostNetwork", "hostPID", "hostIPC", "hostUsers", "shareProcessNamespace"):
+        assert absent not in pod, absent
+
+    # Non-root with the runtime's default seccomp profile: the pod, then each container.
+    pod_security = pod["securityContext"]
+    assert pod_security["runAsNonRoot"] is True
+    assert pod_security["runAsUser"] == pod_security["runAsGroup"] == s.run_as_user > 0
+    assert pod_security["seccompProfile"] == RUNTIME_DEFAULT
+    assert 0 not in pod_security.get("supplementalGroups", [])
+    # Guaranteed QoS: every container has CPU and memory requests equal to its limits.
+    limits = {"cpu", "memory"}
+    for c in containers:
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] is True, c["name"]
+        assert sc.get("runAsUser", s.run_as_user) != 0 and sc.get("runAsGroup", s.run_as_user) != 0, c["name"]
+        assert sc["allowPrivilegeEscalation"] is False, c["name"]
+        assert sc.get("privileged", False) is False, c["name"]
+        assert sc["capabilities"] == {"drop": ["ALL"]}, c["name"]  # and none added
+        assert sc.get("seccompProfile", pod_security["seccompProfile"]) == RUNTIME_DEFAULT, c["name"]
+        assert sc.get("procMount", "Default") == "Default", c["name"]
+        requests, limited = c["resources"].get("requests", {}), c["resources"].get("limits", {})
+        assert limits <= set(requests) and limits <= set(limited) and requests == limited, c["name"]
+
+    # Volumes: emptyDirs, and the rollout's own Secret; nothing of the node (hostPath), no
+    # projected service account token, no other Secret or ConfigMap. What a container may write
+    # is an emptyDir; a Secret is mounted read-only.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for volume in volumes.values():
+        (kind,) = set(volume) - {"name"}
+        assert kind in ("emptyDir", "secret"), volume
+        if kind == "secret":
+            assert volume["secret"]["secretName"] == name, volume
+    for c in containers:
+        for mount in c["volumeMounts"]:
+            if "secret" in volumes[mount["name"]]:
+                assert mount.get("readOnly") is True, (c["name"], mount)
+            if not mount.get("readOnly"):
+                assert "emptyDir" in volumes[mount["name"]], (c["name"], mount)
+
+    # The per-rollout key is the only credential in the pod, and only the harness sees it: as
+    # an environment variable from the rollout's Secret, and in the launch files (start script,
+    # config files) of a volume no other container mounts. No plain value holds it.
+    data = {k: base64.b64decode(v).decode(errors="replace") for k, v in secret["data"].items()}
+    holding_key = {k for k, v in data.items() if KEY in v}
+    launch_keys = {item["key"] for item in volumes["launch"]["secret"]["items"]}
+    for c in containers:
+        assert "envFrom" not in c, c["name"]
+        assert KEY not in json.dumps(c), c["name"]
+        refs = [e["valueFrom"] for e in c.get("env", []) if "valueFrom" in e]
+        if c["name"] != HARNESS_CONTAINER:
+            assert refs == [], c["name"]
+            assert not {m["name"] for m in c["volumeMounts"]} & {"launch", "solution"}, c["name"]
+        for ref in refs:
+            assert set(ref) == {"secretKeyRef"} and ref["secretKeyRef"]["name"] == name, ref
+            assert ref["secretKeyRef"]["key"] in holding_key, ref  # a key-holding variable only
+    env_keys = {k for k in data if k.startswith("env.")}
+    assert env_keys <= holding_key, "the Secret carries no other variable"
+    assert holding_key <= env_keys | launch_keys, "tests/ and solution/ never hold the key"
+
+    # Egress only to the proxy's pods on the proxy's port, and to the cluster DNS pods on port 53;
+    # no ingress. Every rule names its peers (namespace and pod labels, no address block) and its
+    # ports: an empty `to` or `ports` would mean everywhere or every port.
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {ROLLOUT_LABEL: name}}
+    assert template["metadata"]["labels"][ROLLOUT_LABEL] == name  # the policy selects this pod
+    assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"] and spec["ingress"] == []
+    proxy_port = urlsplit(backend.proxy_base_url).port
+    assert spec["egress"] == [
+        {
+            "to": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": s.proxy_namespace}},
+                    "podSelector": {"matchLabels": dict(s.proxy_pod_labels)},
+                }
+            ],
+            "ports": [{"protocol": "TCP", "port": proxy_port}],
+        },
+        {
+            "to": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": s.dns_namespace}},
+                    "podSelector": {"matchLabels": dict(s.dns_pod_labels)},
+                }
+            ],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+        },
+    ]
+    for rule in spec["egress"]:
+        for peer in rule["to"]:
+            assert all(selector["matchLabels"] for selector in peer.values()), peer
+
+
 def _created(server: Any) -> list[dict[str, Any]]:
     """The bodies of every create the backend sent."""
     return [dict(r.data) for r in server[kmock.action.CREATE] if r.headers.get("User-Agent", "").startswith("Open")]
@@ -320,6 +439,8 @@ async def test_a_rollout_runs_as_a_job_and_its_reward_is_read_from_the_pod(
     assert rules[0]["to"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "proxy"}}
     assert {p["port"] for p in rules[1]["ports"]} == {53}
     assert policy["spec"]["podSelector"] == {"matchLabels": {ROLLOUT_LABEL: name}}
+    # Hardened, as sent to the API server.
+    _assert_hardened(job, secret, policy, backend)
     # Cleaned up: the Job deleted in the background (owner references take the rest).
     deletes = [r for r in _requests(server) if r.action == kmock.action.DELETE]
     assert [(r.name, r.params.get("propagationPolicy")) for r in deletes] == [(name, "Background")]
@@ -410,7 +531,7 @@ async def test_an_api_server_that_refuses_a_create_is_a_start_error(backend: Kub
 
 
 @pytest.mark.parametrize("harness", ["codex", "claude-code", "openclaw", "mini-swe-agent", "command", "oracle"])
-def test_every_object_validates_strictly_for_every_harness_and_task(harness: str) -> None:
+def test_every_object_validates_strictly_and_the_pod_is_hardened_for_every_harness_and_task(harness: str) -> None:
     backend = KubernetesBackend(
         KubernetesSandboxSettings(), api_client=k8s_client.ApiClient(k8s_client.Configuration(host="http://unused"))
     )
@@ -418,8 +539,13 @@ def test_every_object_validates_strictly_for_every_harness_and_task(harness: str
         for task_id in CATALOG.ids(task_set):
             task = CATALOG.get(task_set, task_id)
             launch = None if harness == "oracle" else _launch(harness, task, backend)
-            for obj in backend.manifests(_plan(task, launch)):
+            job, secret, policy = backend.manifests(_plan(task, launch))
+            for obj in (job, secret, policy):
                 _validate(obj)
+            _assert_hardened(job, secret, policy, backend)
+            init = [c["name"] for c in job["spec"]["template"]["spec"]["initContainers"]]
+            copies_an_install = harness not in ("command", "oracle")
+            assert init == ["workspace", *(["harness-install"] if copies_an_install else []), HARNESS_CONTAINER]
 
 
 def test_the_termination_message_is_parsed_as_harbor_reads_rewards() -> None:
