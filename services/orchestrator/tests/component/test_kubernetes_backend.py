@@ -243,9 +243,8 @@ def _assert_hardened(
     """The rollout pod's hardening, on the objects the backend renders (issue 26, item 4), for
     every container, init containers included.
 
-    Not asserted because the backend does not do it yet: a read-only root filesystem (with
-    emptyDirs for ``/tmp``, ``/var/tmp`` and the verifier's own ``HOME``), and DNS limited to
-    the proxy's name (the policy lets the pod ask the cluster DNS for any name).
+    Not asserted because the backend does not do it yet: DNS limited to the proxy's name (the
+    policy lets the pod ask the cluster DNS for any name).
     """
     s = backend.settings
     name = job["metadata"]["name"]
@@ -280,6 +279,7 @@ def _assert_hardened(
         assert sc["capabilities"] == {"drop": ["ALL"]}, c["name"]  # and none added
         assert sc.get("seccompProfile", pod_security["seccompProfile"]) == RUNTIME_DEFAULT, c["name"]
         assert sc.get("procMount", "Default") == "Default", c["name"]
+        assert sc["readOnlyRootFilesystem"] is True, c["name"]
         requests, limited = c["resources"].get("requests", {}), c["resources"].get("limits", {})
         assert limits <= set(requests) and limits <= set(limited) and requests == limited, c["name"]
 
@@ -298,6 +298,18 @@ def _assert_hardened(
                 assert mount.get("readOnly") is True, (c["name"], mount)
             if not mount.get("readOnly"):
                 assert "emptyDir" in volumes[mount["name"]], (c["name"], mount)
+    # With the root read-only, the harness and the verifier each write their own /tmp and
+    # /var/tmp (no shared scratch between them), and the verifier has a fresh HOME.
+    scratch: dict[str, set[str]] = {}
+    for c in containers[-2:]:
+        writable = {m["mountPath"]: m["name"] for m in c["volumeMounts"] if not m.get("readOnly")}
+        assert {"/tmp", "/var/tmp"} <= set(writable), c["name"]
+        scratch[c["name"]] = {writable["/tmp"], writable["/var/tmp"]}
+    assert not scratch[HARNESS_CONTAINER] & scratch[VERIFIER_CONTAINER]
+    verifier = containers[-1]
+    home = next(e["value"] for e in verifier["env"] if e["name"] == "HOME")
+    home_mount = next(m for m in verifier["volumeMounts"] if m["mountPath"] == home)
+    assert home_mount["name"] in scratch[VERIFIER_CONTAINER] and not home_mount.get("readOnly")
 
     # The per-rollout key is the only credential in the pod, and only the harness sees it: as
     # an environment variable from the rollout's Secret, and in the launch files (start script,
@@ -571,14 +583,18 @@ def _run_container(container: dict[str, Any], volumes: dict[str, Path], secret: 
     for link in ("bin", "lib", "lib64", "sbin"):
         if Path(f"/{link}").is_symlink():
             args += ["--symlink", f"usr/{link}", f"/{link}"]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--clearenv"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--clearenv"]
     for m in container["volumeMounts"]:
-        args += ["--ro-bind" if m.get("readOnly") else "--bind", str(volumes[m["name"]]), m["mountPath"]]
+        source = volumes[m["name"]] / m.get("subPath", "")
+        source.mkdir(parents=True, exist_ok=True)  # as the kubelet creates a subPath
+        args += ["--ro-bind" if m.get("readOnly") else "--bind", str(source), m["mountPath"]]
     for e in container.get("env", []):
         ref = e.get("valueFrom", {}).get("secretKeyRef")
         args += ["--setenv", e["name"], secret[ref["key"]].decode() if ref else e["value"]]
     if container.get("terminationMessagePath"):
         args += ["--bind", str(tmp / "termination-log"), container["terminationMessagePath"]]
+    if container["securityContext"].get("readOnlyRootFilesystem"):
+        args += ["--remount-ro", "/"]  # only the mounts above stay writable
     args += ["--chdir", container.get("workingDir", "/"), *container["command"]]
     done = subprocess.run(args, capture_output=True, timeout=120, check=False)
     assert done.returncode == 0, (container["name"], done.stderr.decode()[-2000:])

@@ -18,7 +18,9 @@ The Secret and the NetworkPolicy are owned by the Job (``ownerReferences``), so 
 exist, so no pod runs before its egress rule.
 
 The pod (all containers as ``run_as_user``, no privilege escalation, every capability dropped,
-``RuntimeDefault`` seccomp, no service account token, no service links), in order:
+``RuntimeDefault`` seccomp, a read-only root filesystem, no service account token, no service
+links; what a container may write is its ``emptyDir`` mounts, ``/tmp`` and ``/var/tmp`` among
+them, and the verifier gets a fresh ``HOME`` of its own), in order:
 
 1. init ``workspace`` (task image): copies the image's working folder (the task's Dockerfile
    ``WORKDIR``) into an ``emptyDir`` that the harness and the verifier then share at that path;
@@ -174,6 +176,15 @@ def _b64(data: bytes) -> str:
 
 def _secret_key(prefix: str, index: int) -> str:
     return f"{prefix}-{index}"
+
+
+def _scratch_mounts(volume: str) -> list[dict[str, Any]]:
+    """``/tmp`` and ``/var/tmp`` of one container, as sub-folders of its scratch ``emptyDir``
+    (the root filesystem is read-only)."""
+    return [
+        {"name": volume, "mountPath": "/tmp", "subPath": "tmp"},
+        {"name": volume, "mountPath": "/var/tmp", "subPath": "var-tmp"},
+    ]
 
 
 def harness_script(plan: ExecutionPlan, launch: HarnessLaunch | None, file_keys: Mapping[str, str]) -> str:
@@ -343,6 +354,7 @@ class KubernetesBackend:
         return {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
             "seccompProfile": {"type": "RuntimeDefault"},
         }
@@ -435,12 +447,18 @@ class KubernetesBackend:
             {"name": "status", "emptyDir": {}},
             {"name": "agent-logs", "emptyDir": {}},
             {"name": "verifier-logs", "emptyDir": {}},
+            # the root filesystem is read-only: each container's /tmp, /var/tmp (and the
+            # verifier's HOME) are sub-folders of its own scratch volume
+            {"name": "harness-scratch", "emptyDir": {}},
+            {"name": "verifier-scratch", "emptyDir": {}},
             # the start script and config files may hold the key: the pod's user and group (fsGroup) only
             {"name": "launch", "secret": {"secretName": name, "items": launch_items, "defaultMode": 0o440}},
             {"name": "tests", "secret": {"secretName": name, "items": tests_items, "defaultMode": 0o444}},
         ]
         if task.resources.storage_mb:
-            volumes[0]["emptyDir"] = {"sizeLimit": f"{task.resources.storage_mb}Mi"}
+            for vol in volumes:
+                if vol["name"] in ("workspace", "harness-scratch", "verifier-scratch"):
+                    vol["emptyDir"] = {"sizeLimit": f"{task.resources.storage_mb}Mi"}
         harness_mounts: list[dict[str, Any]] = [
             {"name": "workspace", "mountPath": workdir},
             {"name": "home", "mountPath": SANDBOX_HOME},
@@ -448,6 +466,7 @@ class KubernetesBackend:
             {"name": "status", "mountPath": STATUS_DIR},
             {"name": "agent-logs", "mountPath": AGENT_LOGS},
             {"name": "launch", "mountPath": LAUNCH_DIR, "readOnly": True},
+            *_scratch_mounts("harness-scratch"),
         ]
         init: list[dict[str, Any]] = [
             {
@@ -523,7 +542,7 @@ class KubernetesBackend:
             "imagePullPolicy": s.image_pull_policy,
             "command": ["/bin/sh", "-c", verifier_script(plan.verifier_timeout_s)],
             "workingDir": workdir,
-            "env": [{"name": "PATH", "value": DEFAULT_PATH}]
+            "env": [{"name": "PATH", "value": DEFAULT_PATH}, {"name": "HOME", "value": SANDBOX_HOME}]
             + [{"name": k, "value": v} for k, v in sorted(task.verifier_env.items())],
             "volumeMounts": [
                 {"name": "workspace", "mountPath": workdir},
@@ -531,6 +550,8 @@ class KubernetesBackend:
                 {"name": "verifier-logs", "mountPath": VERIFIER_LOGS},
                 {"name": "agent-logs", "mountPath": AGENT_LOGS, "readOnly": True},
                 {"name": "status", "mountPath": STATUS_DIR, "readOnly": True},
+                *_scratch_mounts("verifier-scratch"),
+                {"name": "verifier-scratch", "mountPath": SANDBOX_HOME, "subPath": "home"},
             ],
             "resources": resources,
             "securityContext": security,
