@@ -18,6 +18,7 @@ from openforge_proxy.adapters.publisher import NatsRecorder
 from openforge_proxy.domain.handler import CallHandler
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.sessions import SessionRegistry
+from openforge_proxy.http.metrics import default_session_collector
 from openforge_proxy.http.server import HttpServer
 from openforge_proxy.servicer import ProxyServicer
 from openforge_proxy.settings import ProxySettings
@@ -101,6 +102,7 @@ class ProxyApp:
         self.sessions = SessionRegistry(
             settings.session_ttl_s, settings.max_sessions, max_ended=settings.max_ended_sessions
         )
+        default_session_collector().watch(self.sessions)
         self.events = EventBus(settings.nats)
         self.engine = GrpcEngine(settings.services.inference, generate_timeout_s=settings.generate_timeout_s)
         self.loader = ModelLoader(self.engine, settings)

@@ -110,3 +110,36 @@ def test_ended_sessions_are_forgotten_beyond_a_bound() -> None:
         reg.authenticate(keys[4])
     assert recent.value.reason == "SESSION_NOT_OPEN"
     assert reg.authenticate(keys[5]).rollout_id == "r5"
+
+
+def test_the_sweep_reclaims_expired_sessions_and_the_metrics_count_how_sessions_end() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from openforge_proxy.http.metrics import SessionCollector
+
+    clock = Clock()
+    reg = SessionRegistry(60, 10, clock=clock)
+    registry = CollectorRegistry()
+    collector = SessionCollector()
+    registry.register(collector)
+    assert registry.get_sample_value("openforge_proxy_sessions", {"state": "open"}) is None  # nothing watched
+    collector.watch(reg)
+    for rollout in ("a", "b", "c"):
+        _create(reg, rollout=rollout, request=rollout)
+    reg.close("a")  # the rollout ended
+    clock.now += 61  # b and c outlive their keys: the orchestrator never closed them
+    assert reg.sweep() == 2 and reg.sweep() == 0
+
+    def value(name: str, **labels: str) -> float | None:
+        found: float | None = registry.get_sample_value(name, labels)
+        return found
+
+    assert value("openforge_proxy_sessions", state="open") == 0
+    assert (value("openforge_proxy_sessions", state="closed"), value("openforge_proxy_sessions", state="expired")) == (
+        1,
+        2,
+    )
+    assert value("openforge_proxy_sessions_ended_total", how="closed") == 1
+    assert value("openforge_proxy_sessions_ended_total", how="expired") == 2
+    reg.close("b")  # closing an expired session ends nothing more
+    assert value("openforge_proxy_sessions_ended_total", how="closed") == 1

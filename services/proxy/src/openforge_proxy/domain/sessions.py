@@ -14,7 +14,7 @@ import hashlib
 import itertools
 import secrets
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -127,6 +127,9 @@ class SessionRegistry:
         self._serials = itertools.count(1)
         #: Called with the rollout id when a session closes, expires or is dropped.
         self.on_end: list[Callable[[str], None]] = []
+        #: Sessions ended since start, by how: ``CLOSED`` (CloseSession, the rollout ended) or
+        #: ``EXPIRED`` (its key's lifetime or deadline passed: reclaimed by :meth:`sweep`).
+        self.ended_total: Counter[SessionState] = Counter()
 
     def create(
         self,
@@ -219,6 +222,7 @@ class SessionRegistry:
             raise NotFound(f"no session for rollout {rollout_id!r}", metadata={"rollout_id": rollout_id})
         if entry.session.state is SessionState.OPEN:
             entry.session = replace(entry.session, state=SessionState.CLOSED)
+            self.ended_total[SessionState.CLOSED] += 1
             self._ended(rollout_id)
         entry.key = ""
         return entry.session
@@ -309,11 +313,16 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._by_rollout)
 
+    def held(self) -> Counter[SessionState]:
+        """Sessions held now, by state (ended ones are kept up to ``max_ended``)."""
+        return Counter(entry.session.state for entry in self._by_rollout.values())
+
     def _refresh(self, entry: _Entry | None) -> _Entry | None:
         if entry is not None and entry.session.state is SessionState.OPEN:
             if self._clock() >= entry.session.expire_time:
                 entry.session = replace(entry.session, state=SessionState.EXPIRED)
                 entry.key = ""
+                self.ended_total[SessionState.EXPIRED] += 1
                 self._ended(entry.session.rollout_id)
         return entry
 
