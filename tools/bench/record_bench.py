@@ -37,6 +37,7 @@ from openforge_core.record_delta import RecordCut, expand_records
 from openforge_core.settings import NatsSettings
 from openforge_proxy.adapters.publisher import NatsRecorder, event_bytes, record_proto
 from openforge_proxy.domain.conversation import WireApi
+from openforge_proxy.domain.engine import Sampling
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import CallRecordData
 from openforge_proxy.domain.splice import SpliceReport
@@ -65,7 +66,7 @@ def make_record(call_id: str, turns: int) -> CallRecordData:
         completion_ids=[1, 2, 3],
         logprobs=[-0.1] * 3,
         policy_versions=[1] * 3,
-        sampling={"max_tokens": 8},
+        sampling=Sampling(max_tokens=8),
         finish=Finish.STOP,
         receive_time=time.time(),
         ttfb_s=0.001,

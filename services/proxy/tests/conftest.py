@@ -19,6 +19,7 @@ import pytest
 from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry
 
+from openforge.common.v1.common_pb2 import SamplingParams
 from openforge_proxy.adapters.inference import GrpcEngine
 from openforge_proxy.domain.handler import OFFLOAD_MIN_BYTES, CallHandler
 from openforge_proxy.domain.record import CallRecordData
@@ -178,7 +179,7 @@ class InProcessProxy:
             run_id="run",
             model_name=model_name,
             limits=limits or Limits(),
-            sampling=sampling or {"temperature": 1.0},
+            sampling=SamplingParams(**sampling) if sampling else SamplingParams(temperature=1.0),
             ttl_s=None,
         )
         return key

@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from openforge_core.field_rules import require
@@ -49,9 +48,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
                 max_tokens_per_call=request.limits.max_tokens_per_call,
                 max_total_tokens=request.limits.max_total_tokens,
             ),
-            sampling=json_format.MessageToDict(request.sampling, preserving_proto_field_name=True)
-            if request.HasField("sampling")
-            else {},
+            sampling=request.sampling if request.HasField("sampling") else None,
             command=tuple(request.command),
         )
         return orchestrator_pb2.SubmitRolloutsResponse(rollouts=[rollout_to_proto(r) for r in created])

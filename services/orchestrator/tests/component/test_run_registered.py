@@ -52,7 +52,7 @@ async def test_each_run_is_registered_once_before_its_first_rollouts(nats_server
         run_id="run-a",
         harness="codex",
         min_policy_version=3,
-        sampling={"temperature": 0.7, "max_tokens": 256},
+        sampling=common_pb2.SamplingParams(temperature=0.7, max_tokens=256),
         **common,
     )
     await registry.submit(request_id="a2", run_id="run-a", harness="codex", min_policy_version=3, **common)

@@ -6,9 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
-from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from openforge_core.field_rules import require
 from openforge_core.manifest import ServedModel
@@ -36,7 +34,7 @@ def session_to_proto(s: Session) -> proxy_pb2.Session:
         run_id=s.run_id,
         model_name=s.model_name,
         limits=limits,
-        sampling=json_format.ParseDict(s.sampling, common_pb2.SamplingParams()),
+        sampling=s.sampling,
         state=_STATES[s.state],
         create_time=to_timestamp(s.create_time),
         expire_time=to_timestamp(s.expire_time),
@@ -98,7 +96,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
             run_id=request.run_id,
             model_name=request.model_name,
             limits=limits,
-            sampling=json_format.MessageToDict(request.sampling, preserving_proto_field_name=True),
+            sampling=request.sampling,
             ttl_s=request.ttl.ToNanoseconds() / 1e9 if request.HasField("ttl") else None,
             rollout_attempt=request.rollout_attempt,
         )

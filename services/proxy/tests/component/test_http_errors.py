@@ -230,6 +230,8 @@ async def test_encodings_routes_and_enforced_sampling(model_dir: Path, start_pro
         assert reply.json()["choices"][0]["message"]["content"] == "hi there"
     s = fake.seen[0].sampling
     assert (round(s.temperature, 3), round(s.top_p, 3), s.seed) == (0.7, 0.9, 5)
+    recorded = proxy.recorder.records[0].sampling  # the same value the engine got, seed an int
+    assert (recorded.temperature, recorded.top_p, recorded.seed) == (0.7, 0.9, 5) and type(recorded.seed) is int
     assert (await proxy.post("/messages", anthropic_body(), key=key)).status == 200
     models = await proxy.get("/v1/models", headers={"x-api-key": key, "anthropic-version": "2023-06-01"})
     assert models.status == 200 and models.json()["data"][0]["type"] == "model"

@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
+from openforge.common.v1.common_pb2 import SamplingParams
 from openforge_proxy.domain.sessions import Limits
 from openforge_testing.fakes import ScriptedInferenceServer
 
@@ -80,7 +81,7 @@ async def test_a_call_of_a_replaced_session_fails_cleanly_and_is_not_counted_in_
         run_id="run",
         model_name="",
         limits=Limits(max_turns=1),
-        sampling={},
+        sampling=SamplingParams(),
         ttl_s=None,
         rollout_attempt=2,
     )

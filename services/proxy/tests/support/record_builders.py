@@ -7,6 +7,7 @@ from typing import Any
 
 from openforge_core.record_delta import RecordBase, RecordCut
 from openforge_proxy.domain.conversation import WireApi
+from openforge_proxy.domain.engine import Sampling
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import CallRecordData
 from openforge_proxy.domain.splice import SpliceReport
@@ -40,7 +41,7 @@ def make_record(
         "completion_ids": completion,
         "logprobs": [-0.5] * len(completion),
         "policy_versions": [3] * len(completion),
-        "sampling": {"max_tokens": 9},
+        "sampling": Sampling(max_tokens=9),
         "finish": Finish.STOP,
         "receive_time": 1.5,
         "ttfb_s": 0.01,

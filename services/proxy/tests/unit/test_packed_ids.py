@@ -102,7 +102,7 @@ def test_a_failed_calls_event_carries_its_error_and_attempts_and_no_ids() -> Non
         wire_api=WireApi.OPENAI_RESPONSES,
         model="m",
         stream=True,
-        sampling={"max_tokens": 9},
+        sampling=Sampling(max_tokens=9),
         request_headers={"h": "v"},
         error="inference: UNAVAILABLE",
         http_status=200,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from openforge.common.v1.common_pb2 import SamplingParams
 from openforge_core.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, Unauthenticated
 from openforge_proxy.domain.sessions import KEY_PREFIX, Limits, SessionRegistry, SessionState
 
@@ -23,7 +24,7 @@ def _create(reg: SessionRegistry, rollout: str = "r1", request: str = "q1", **kw
         "run_id": "run",
         "model_name": "tiny",
         "limits": Limits(max_turns=5),
-        "sampling": {"temperature": 1.0},
+        "sampling": SamplingParams(temperature=1.0),
         "ttl_s": None,
     }
     args.update(kw)

@@ -16,7 +16,6 @@ window, and the store's record of the event ids it applied).
 from __future__ import annotations
 
 import structlog
-from google.protobuf import json_format
 
 from openforge.common.v1 import common_pb2
 from openforge.orchestrator.v1 import events_pb2
@@ -46,8 +45,8 @@ def run_manifest(rollout: Rollout) -> common_pb2.RunManifest:
         model=rollout.model_name,
         policy_version=rollout.min_policy_version,
     )
-    if rollout.sampling:
-        manifest.sampling.CopyFrom(json_format.ParseDict(dict(rollout.sampling), common_pb2.SamplingParams()))
+    if rollout.sampling is not None:
+        manifest.sampling.CopyFrom(rollout.sampling)
     manifest.create_time.FromNanoseconds(int(rollout.create_time * 1e9))
     return manifest
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 import time
 
 import grpc
-from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from openforge.common.v1 import common_pb2
 from openforge.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from openforge_core.errors import Unavailable
 from openforge_core.manifest import ServedModel
@@ -63,8 +61,8 @@ class ProxySessions:
             ttl=Duration(seconds=int(ttl_s) + 1),
             rollout_attempt=attempt,
         )
-        if rollout.sampling:
-            request.sampling.CopyFrom(json_format.ParseDict(dict(rollout.sampling), common_pb2.SamplingParams()))
+        if rollout.sampling is not None:
+            request.sampling.CopyFrom(rollout.sampling)
         try:
             response = await self._stub.CreateSession(request)
         except grpc.aio.AioRpcError as exc:

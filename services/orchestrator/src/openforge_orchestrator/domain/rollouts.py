@@ -13,10 +13,11 @@ import asyncio
 import enum
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from openforge.common.v1.common_pb2 import SamplingParams
 from openforge_core.errors import InvalidArgument, NotFound
 
 HARNESSES = frozenset({"claude-code", "codex", "openclaw", "mini-swe-agent", "command"})
@@ -74,7 +75,10 @@ class Rollout:
         reward: Verifier reward, None until verified (and for a flagged bypass).
         failure_reason: Why it failed, timed out or was cancelled.
         limits: Session limits.
-        sampling: Enforced sampling parameters (``SamplingParams`` field names), empty = defaults.
+        sampling: Enforced sampling parameters, the trainer's message as received (``seed`` an
+            int64, never a JSON string); None = none enforced (the proxy's and engine's
+            defaults). Passed on as is to the proxy's session and the run's manifest; never
+            mutated.
         command: Argv template of the ``command`` harness.
         verifier_output: End of the verifier's output.
         calls: Model calls the proxy served (read when the session closed).
@@ -106,7 +110,7 @@ class Rollout:
     reward: float | None = None
     failure_reason: str = ""
     limits: RolloutLimits = RolloutLimits()
-    sampling: Mapping[str, Any] = field(default_factory=dict)
+    sampling: SamplingParams | None = None
     command: tuple[str, ...] = ()
     verifier_output: str = ""
     calls: int = 0
@@ -142,6 +146,16 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
+def _own_copy(sampling: SamplingParams | None) -> SamplingParams | None:
+    """A copy of the caller's message (messages are mutable) that the group's rollouts share;
+    None for None or an empty message (nothing enforced either way)."""
+    if sampling is None or not sampling.ByteSize():
+        return None
+    own = SamplingParams()
+    own.CopyFrom(sampling)
+    return own
+
+
 class RolloutRegistry:
     """Rollouts in memory with watchers.
 
@@ -169,7 +183,7 @@ class RolloutRegistry:
         min_policy_version: int,
         timeout_s: float,
         limits: RolloutLimits = RolloutLimits(),
-        sampling: Mapping[str, Any] | None = None,
+        sampling: SamplingParams | None = None,
         command: tuple[str, ...] = (),
         validate_task: Callable[[TaskRef], None] | None = None,
     ) -> list[Rollout]:
@@ -203,6 +217,7 @@ class RolloutRegistry:
         if validate_task is not None:
             for t in task_list:
                 validate_task(t)
+        enforced = _own_copy(sampling)
         now = self._clock()
         created: list[Rollout] = []
         for task in task_list:
@@ -223,7 +238,7 @@ class RolloutRegistry:
                         timeout_s=timeout_s,
                         create_time=now,
                         limits=limits,
-                        sampling=dict(sampling or {}),
+                        sampling=enforced,
                         command=command,
                     )
                 )

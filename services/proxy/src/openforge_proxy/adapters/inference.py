@@ -42,7 +42,7 @@ _PROMPT_TAG = varint(2 << 3 | 2)
 
 def generate_request_bytes(request_id: str, prompt: PackedIds, sampling: Sampling) -> bytes:
     """A serialized ``GenerateRequest`` (the prompt appended as its packed encoding)."""
-    head = inference_pb2.GenerateRequest(request_id=request_id, sampling=sampling_proto(sampling)).SerializeToString()
+    head = inference_pb2.GenerateRequest(request_id=request_id, sampling=sampling.to_proto()).SerializeToString()
     if not prompt.packed:
         return head
     return head + _PROMPT_TAG + varint(len(prompt.packed)) + prompt.packed
@@ -57,20 +57,6 @@ def _error(exc: grpc.aio.AioRpcError) -> Exception:
     if exc.code() in _REJECTED:
         return EngineRejected(detail)
     return EngineUnavailable(detail)
-
-
-def sampling_proto(s: Sampling) -> common_pb2.SamplingParams:
-    """``SamplingParams`` for the engine (unset optionals mean the engine's default)."""
-    msg = common_pb2.SamplingParams(max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids))
-    if s.temperature is not None:
-        msg.temperature = s.temperature
-    if s.top_p is not None:
-        msg.top_p = s.top_p
-    if s.top_k is not None:
-        msg.top_k = s.top_k
-    if s.seed is not None:
-        msg.seed = s.seed
-    return msg
 
 
 class GrpcEngine:

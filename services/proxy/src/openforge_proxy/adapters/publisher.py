@@ -121,17 +121,6 @@ def record_proto(
     """
     import orjson
 
-    s = data.sampling
-    sampling = common_pb2.SamplingParams(
-        max_tokens=int(s.get("max_tokens", 0)), stop_token_ids=[int(i) for i in s.get("stop_token_ids", [])]
-    )
-    for name in ("temperature", "top_p"):
-        if name in s:
-            setattr(sampling, name, float(s[name]))
-    if "top_k" in s:
-        sampling.top_k = int(s["top_k"])
-    if "seed" in s:
-        sampling.seed = int(s["seed"])
     rec = common_pb2.CallRecord(
         rollout_id=data.rollout_id,
         call_id=data.call_id,
@@ -141,7 +130,7 @@ def record_proto(
         completion_token_ids=data.completion_ids,
         completion_logprobs=data.logprobs,
         completion_policy_versions=data.policy_versions,
-        sampling=sampling,
+        sampling=data.sampling.to_proto(),
         finish_reason=_FINISH[data.finish],
         http_status=data.http_status,
         request_headers=data.request_headers,

@@ -7,10 +7,12 @@ substitute any object with the same methods.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from openforge.common.v1.common_pb2 import SamplingParams
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.tokens import PackedIds
 
@@ -42,7 +44,10 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling parameters sent to the engine (``openforge.common.v1.SamplingParams``).
+    """Sampling parameters of one call: the session's enforced ``SamplingParams`` with the call's
+    completion cap (:meth:`enforced`), built once per call; the engine request, the call record
+    and the Responses echo all read this value, and :meth:`to_proto` is its one conversion to
+    the wire message.
 
     Attributes:
         max_tokens: Most tokens to sample (>= 1).
@@ -60,16 +65,44 @@ class Sampling:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
 
-    def as_dict(self) -> dict[str, object]:
-        """The set fields, for records and echoes."""
-        out: dict[str, object] = {"max_tokens": self.max_tokens}
-        for name in ("temperature", "top_p", "top_k", "seed"):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value
-        if self.stop_token_ids:
-            out["stop_token_ids"] = list(self.stop_token_ids)
-        return out
+    @classmethod
+    def enforced(cls, params: SamplingParams, max_tokens: int) -> Sampling:
+        """The call's sampling: ``params`` (the session's, unset optionals = engine defaults; a
+        ``top_k`` of 0 = no top-k filter) with ``max_tokens``, the cap the handler computed (which
+        already counts ``params.max_tokens``). ``top_logprobs`` is not enforced."""
+        return cls(
+            max_tokens=max_tokens,
+            temperature=_decimal(params.temperature) if params.HasField("temperature") else None,
+            top_p=_decimal(params.top_p) if params.HasField("top_p") else None,
+            top_k=params.top_k or None,
+            seed=params.seed if params.HasField("seed") else None,
+            stop_token_ids=tuple(params.stop_token_ids),
+        )
+
+    def to_proto(self) -> SamplingParams:
+        """``SamplingParams`` of the engine request and the call record (None stays unset: the
+        engine's default)."""
+        msg = SamplingParams(max_tokens=self.max_tokens, stop_token_ids=self.stop_token_ids)
+        if self.temperature is not None:
+            msg.temperature = self.temperature
+        if self.top_p is not None:
+            msg.top_p = self.top_p
+        if self.top_k is not None:
+            msg.top_k = self.top_k
+        if self.seed is not None:
+            msg.seed = self.seed
+        return msg
+
+
+def _decimal(value: float) -> float:
+    """The shortest decimal that is the same 32-bit float as ``value`` (a ``float`` field read
+    back: 0.7, as the trainer wrote it and the Responses API echoes it, not 0.699999988079071).
+    Nine significant digits always round-trip a 32-bit float."""
+    for digits in range(6, 10):
+        short = float(f"{value:.{digits}g}")
+        if struct.unpack("<f", struct.pack("<f", short))[0] == value:
+            return short
+    return value
 
 
 @dataclass

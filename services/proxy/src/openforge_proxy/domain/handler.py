@@ -577,8 +577,8 @@ class CallHandler:
     ) -> Sampling:
         enforced = session.sampling
         caps = [request.max_tokens or self._default_max]
-        if int(enforced.get("max_tokens") or 0) > 0:
-            caps.append(int(enforced["max_tokens"]))
+        if enforced.max_tokens > 0:
+            caps.append(enforced.max_tokens)
         limits = session.limits
         if limits.max_tokens_per_call:
             caps.append(limits.max_tokens_per_call)
@@ -602,15 +602,7 @@ class CallHandler:
                     retry_after_s=1,
                 )
             raise ApiError(ErrorKind.LIMIT_REACHED, "rollout limit reached: no tokens left in the budget")
-        stop = tuple(int(i) for i in enforced.get("stop_token_ids") or ())
-        return Sampling(
-            max_tokens=max_tokens,
-            temperature=_opt_float(enforced.get("temperature")),
-            top_p=_opt_float(enforced.get("top_p")),
-            top_k=int(enforced["top_k"]) if enforced.get("top_k") else None,
-            seed=int(enforced["seed"]) if enforced.get("seed") is not None else None,
-            stop_token_ids=stop,
-        )
+        return Sampling.enforced(enforced, max_tokens)
 
     async def _serve(
         self,
@@ -731,7 +723,7 @@ class CallHandler:
                 completion_ids=gen.ids,
                 logprobs=gen.logprobs,
                 policy_versions=gen.versions,
-                sampling=p.sampling.as_dict(),
+                sampling=p.sampling,
                 finish=out.finish,
                 receive_time=receive_time,
                 ttfb_s=ttfb,
@@ -850,7 +842,7 @@ class CallHandler:
             wire_api=p.request.wire,
             model=p.request.model,
             stream=p.request.stream,
-            sampling=p.sampling.as_dict(),
+            sampling=p.sampling,
             request_headers=scrub_headers(headers),
             error=error,
             http_status=status,
@@ -1035,7 +1027,7 @@ def _encoder(p: _Prepared, out: AssistantOutput) -> _Encoder:
     if req.wire is WireApi.ANTHROPIC_MESSAGES:
         return anthropic.StreamEncoder(out, req.model, req.want_reasoning)
     if req.wire is WireApi.OPENAI_RESPONSES:
-        return responses.StreamEncoder(req, out, p.sampling.as_dict())
+        return responses.StreamEncoder(req, out, p.sampling)
     return chat.StreamEncoder(out, req.model, req.include_usage)
 
 
@@ -1044,7 +1036,7 @@ def _response_body(p: _Prepared, out: AssistantOutput, usage: Usage) -> dict[str
     if req.wire is WireApi.ANTHROPIC_MESSAGES:
         return anthropic.response_body(out, usage, req.model, req.want_reasoning)
     if req.wire is WireApi.OPENAI_RESPONSES:
-        return responses.response_body(req, out, usage, p.sampling.as_dict())
+        return responses.response_body(req, out, usage, p.sampling)
     return chat.response_body(out, usage, req.model)
 
 
@@ -1216,7 +1208,3 @@ async def _first(stream: AsyncIterator[Delta]) -> Delta:
         return await stream.__anext__()
     except StopAsyncIteration:
         return Delta(finish=Finish.STOP)
-
-
-def _opt_float(value: Any) -> float | None:
-    return float(value) if value is not None else None

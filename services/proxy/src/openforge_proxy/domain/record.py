@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from openforge_core.record_delta import RecordBase, RecordCut
 from openforge_proxy.domain.conversation import WireApi
+from openforge_proxy.domain.engine import Sampling
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.splice import SpliceReport
 from openforge_proxy.domain.tokens import PackedIds, ids_array, pack_ids
@@ -34,7 +35,7 @@ class CallRecordData:
         completion_ids: Exactly the ids the engine sampled.
         logprobs: Logprob of each sampled id.
         policy_versions: Policy version of each sampled id.
-        sampling: The enforced sampling parameters.
+        sampling: The call's sampling parameters (the session's enforced ones with its completion cap).
         finish: Why generation ended.
         receive_time: Unix seconds when the request arrived.
         ttfb_s: Seconds from arrival to the first response byte.
@@ -67,7 +68,7 @@ class CallRecordData:
     completion_ids: list[int]
     logprobs: list[float]
     policy_versions: list[int]
-    sampling: dict[str, Any]
+    sampling: Sampling
     finish: Finish
     receive_time: float
     ttfb_s: float
@@ -114,7 +115,7 @@ def failed_record(
     wire_api: WireApi,
     model: str,
     stream: bool,
-    sampling: dict[str, Any],
+    sampling: Sampling,
     request_headers: dict[str, str],
     error: str,
     http_status: int,

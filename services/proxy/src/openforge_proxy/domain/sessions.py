@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from openforge.common.v1.common_pb2 import SamplingParams
 from openforge_core.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, Unauthenticated
 
 KEY_PREFIX = "ofk-"
@@ -60,7 +61,9 @@ class Session:
         run_id: Its run.
         model_name: The model name the harness sends.
         limits: Limits enforced.
-        sampling: Enforced sampling parameters (field name → value).
+        sampling: Enforced sampling parameters, the orchestrator's message (an empty one: none
+            enforced); the session's own copy, never mutated. Each call's
+            :class:`~openforge_proxy.domain.engine.Sampling` is built from it.
         state: Lifecycle state.
         create_time: Unix seconds.
         expire_time: Unix seconds after which the key stops working.
@@ -78,7 +81,7 @@ class Session:
     run_id: str
     model_name: str
     limits: Limits
-    sampling: dict[str, Any]
+    sampling: SamplingParams
     state: SessionState
     create_time: float
     expire_time: float
@@ -139,7 +142,7 @@ class SessionRegistry:
         run_id: str,
         model_name: str,
         limits: Limits,
-        sampling: dict[str, Any],
+        sampling: SamplingParams,
         ttl_s: float | None,
         rollout_attempt: int = 0,
     ) -> tuple[Session, str]:
@@ -183,12 +186,14 @@ class SessionRegistry:
         if limits.deadline:
             expire = min(expire, limits.deadline)
         key = KEY_PREFIX + secrets.token_urlsafe(32)
+        own_sampling = SamplingParams()
+        own_sampling.CopyFrom(sampling)
         session = Session(
             rollout_id=rollout_id,
             run_id=run_id,
             model_name=model_name,
             limits=limits,
-            sampling=dict(sampling),
+            sampling=own_sampling,
             state=SessionState.OPEN,
             create_time=now,
             expire_time=expire,

@@ -46,6 +46,7 @@ from openforge_proxy.domain.conversation import (
     non_text_parts,
     text_of,
 )
+from openforge_proxy.domain.engine import Sampling
 from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, Usage, new_id
 from openforge_proxy.domain.protocols import pieces, sse, token_cap
 
@@ -377,7 +378,7 @@ def _status(out: AssistantOutput) -> str:
 def response_object(
     request: CanonicalRequest,
     out: AssistantOutput,
-    sampling: dict[str, Any],
+    sampling: Sampling,
     *,
     status: str,
     created_at: int,
@@ -402,11 +403,11 @@ def response_object(
         "previous_response_id": None,
         "reasoning": body.get("reasoning") or {"effort": None, "summary": None},
         "store": False,
-        "temperature": sampling.get("temperature", 1.0),
+        "temperature": 1.0 if sampling.temperature is None else sampling.temperature,
         "text": {"format": {"type": "text"}},
         "tool_choice": body.get("tool_choice", "auto"),
         "tools": [],
-        "top_p": sampling.get("top_p", 1.0),
+        "top_p": 1.0 if sampling.top_p is None else sampling.top_p,
         "truncation": "disabled",
         "usage": None if usage is None else _usage(usage),
         "user": None,
@@ -414,9 +415,7 @@ def response_object(
     }
 
 
-def response_body(
-    request: CanonicalRequest, out: AssistantOutput, usage: Usage, sampling: dict[str, Any]
-) -> dict[str, Any]:
+def response_body(request: CanonicalRequest, out: AssistantOutput, usage: Usage, sampling: Sampling) -> dict[str, Any]:
     """The non-streaming response object."""
     prepare_ids(out, request)
     return response_object(
@@ -436,10 +435,10 @@ class StreamEncoder:
     Args:
         request: The canonical request (model, reasoning wish, body fields echoed).
         out: The output being filled (its ids are assigned here).
-        sampling: Enforced sampling parameters (``temperature``, ``top_p`` echoed).
+        sampling: The call's sampling parameters (``temperature``, ``top_p`` echoed).
     """
 
-    def __init__(self, request: CanonicalRequest, out: AssistantOutput, sampling: dict[str, Any]) -> None:
+    def __init__(self, request: CanonicalRequest, out: AssistantOutput, sampling: Sampling) -> None:
         prepare_ids(out, request)
         self._req = request
         self._out = out
