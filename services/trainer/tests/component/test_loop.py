@@ -86,6 +86,8 @@ async def test_grpo_raises_the_mean_reward_over_steps(
         "pass^2/mean",
         "pass@2/a",
         "response/length_mean",
+        "samples/per_rollout",
+        "calls/per_sample",
         "tokens/per_s",
         "time/wait_rollouts_s",
         "time/train_s",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,20 @@ def test_group_metrics_per_task_and_mean() -> None:
     assert m["pass^2/t1"] == pytest.approx(1 / 6) and m["pass^2/t2"] == 1.0
     assert m["pass@2/mean"] == pytest.approx((1 - 1 / 6 + 1.0) / 2)
     assert math.isclose(m["reward/std"], 0.4714045, rel_tol=1e-6)
+    assert "samples/per_rollout" not in m  # no samples: no sample figures
+
+
+def test_group_metrics_count_samples_per_rollout_and_calls_per_sample() -> None:
+    # r1's conversation broke once (two samples: 3 calls, then 1); r2 is one sample of 2 calls
+    samples = tuple(
+        replace(sample(sid, (1,), (1,), reward=1.0), calls=calls)
+        for sid, calls in (("r1/0", 3), ("r1/1", 1), ("r2/0", 2))
+    )
+    m = group_metrics(
+        [CompletedGroup("g1", "t1", {"r1": 1.0, "r2": 1.0}, samples, "c1")], pass_threshold=1.0, pass_k=[1]
+    )
+    assert m["samples/per_rollout"] == 1.5
+    assert m["calls/per_sample"] == 2.0
 
 
 def test_pick_tasks_is_deterministic_and_covers_tasks() -> None:

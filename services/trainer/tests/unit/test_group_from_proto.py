@@ -27,6 +27,7 @@ def message(*rollouts: common_pb2.Rollout, samples_of: dict[str, int]) -> trajec
                 loss_mask=[1, 1],
                 rollout_logprobs=[-0.5, -0.25],
                 policy_versions=[3, 3],
+                call_ids=[f"{rid}-c{i}" for i in range(k + 1)],  # sample k merged k + 1 calls
             )
     return msg
 
@@ -57,11 +58,11 @@ def test_failed_cancelled_bypass_and_unscored_rollouts_are_excluded_with_their_r
     )
     group = group_from_proto(msg)
     assert group.rewards == {"ok": 1.0, "zero": 0.0, "late": 0.25}
-    assert [(s.sample_id, s.reward) for s in group.samples] == [
-        ("ok/0", 1.0),
-        ("zero/0", 0.0),
-        ("zero/1", 0.0),
-        ("late/0", 0.25),
+    assert [(s.sample_id, s.reward, s.calls) for s in group.samples] == [
+        ("ok/0", 1.0, 1),
+        ("zero/0", 0.0, 1),
+        ("zero/1", 0.0, 2),
+        ("late/0", 0.25, 1),
     ]
     assert group.excluded == (
         ExcludedRollout("failed", "failed", 2),

@@ -69,6 +69,7 @@ def group_from_proto(msg: trajectory_pb2.WatchCompletedGroupsResponse) -> Comple
                 behaviour_logprobs=tuple(s.rollout_logprobs),
                 policy_versions=tuple(s.policy_versions),
                 reward=rewards[s.rollout_id],
+                calls=len(s.call_ids),
             )
         )
     excluded = tuple(

@@ -47,6 +47,7 @@ class TrainSample:
         policy_versions: Policy version that sampled each token (0 where the mask is 0).
         reward: The rollout's verifier reward (every sample of a rollout carries the same one;
             a sample exists here only when its rollout has a reward).
+        calls: Model calls merged into this sample (``len(Sample.call_ids)``).
     """
 
     sample_id: str
@@ -59,6 +60,7 @@ class TrainSample:
     behaviour_logprobs: tuple[float, ...]
     policy_versions: tuple[int, ...]
     reward: float
+    calls: int = 1
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -241,7 +243,9 @@ def group_metrics(
         ``reward/mean``, ``reward/std``, ``reward/min``, ``reward/max``,
         ``pass@k/<task>``, ``pass^k/<task>``, ``pass@k/mean``, ``pass^k/mean``,
         ``response/length_mean`` (tokens after the prompt), ``response/sampled_mean``
-        (loss-mask tokens).
+        (loss-mask tokens), ``samples/per_rollout`` (samples of the trainable rollouts: more than
+        one where the conversation broke) and ``calls/per_sample`` (model calls merged into a
+        sample: the merge ratio).
     """
     out: dict[str, float] = {}
     rewards = [r for g in groups for r in g.rewards.values()]
@@ -270,4 +274,6 @@ def group_metrics(
     if samples:
         out["response/length_mean"] = statistics.fmean(len(s.response_ids) for s in samples)
         out["response/sampled_mean"] = statistics.fmean(s.sampled_tokens for s in samples)
+        out["samples/per_rollout"] = len(samples) / len({s.rollout_id for s in samples})
+        out["calls/per_sample"] = statistics.fmean(s.calls for s in samples)
     return {prefix + k: v for k, v in out.items()}
