@@ -170,7 +170,13 @@ class InProcessProxy:
         return f"http://127.0.0.1:{self.http.port}"
 
     def session(
-        self, rollout_id: str = "r1", *, model_name: str = "", limits: Limits | None = None, **sampling: Any
+        self,
+        rollout_id: str = "r1",
+        *,
+        model_name: str = "",
+        limits: Limits | None = None,
+        harness: str = "",
+        **sampling: Any,
     ) -> str:
         """Opens a session; returns its key."""
         _, key = self.sessions.create(
@@ -181,6 +187,7 @@ class InProcessProxy:
             limits=limits or Limits(),
             sampling=SamplingParams(**sampling) if sampling else SamplingParams(temperature=1.0),
             ttl_s=None,
+            harness=harness,
         )
         return key
 

@@ -86,6 +86,7 @@ async def test_the_trainers_message_reaches_the_proxy_session_and_the_manifest_u
         assert type(rollout.sampling.seed) is int and rollout.sampling.seed == SEED
     request = await _create_session_request(rollouts[0])
     assert request.HasField("sampling") and request.sampling == sent
+    assert request.harness == "mini-swe-agent"  # the proxy counts its answers by it
     assert type(request.sampling.seed) is int and request.sampling.seed == SEED
     manifest = run_manifest(rollouts[0])
     assert manifest.sampling == sent and manifest.sampling.seed == SEED

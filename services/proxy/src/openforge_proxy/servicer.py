@@ -41,6 +41,7 @@ def session_to_proto(s: Session) -> proxy_pb2.Session:
         calls=s.calls,
         total_tokens=s.total_tokens,
         rollout_attempt=s.rollout_attempt,
+        harness=s.harness,
     )
 
 
@@ -99,6 +100,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
             sampling=request.sampling,
             ttl_s=request.ttl.ToNanoseconds() / 1e9 if request.HasField("ttl") else None,
             rollout_attempt=request.rollout_attempt,
+            harness=request.harness,
         )
         response = proxy_pb2.CreateSessionResponse(session=session_to_proto(session), api_key=key)
         served = self._served()

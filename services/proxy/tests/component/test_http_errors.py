@@ -106,7 +106,7 @@ async def test_bad_json_too_large_and_unknown_model(model_dir: Path, start_proxy
     proxy._max_body = 0  # unused after start; the server's own limit is set below
     assert proxy.http is not None
     proxy.http._limit = 4096
-    key = proxy.session(model_name="policy-model")
+    key = proxy.session(model_name="policy-model", harness="claude-code")
     assert_anthropic_error(await proxy.post(MESSAGES, b"{not json", key=key), 400, "invalid_request_error")
     assert_openai_error(await proxy.post(RESPONSES, b"[1, 2]", key=key, bearer=True), 400, "invalid_request_error")
     big = anthropic_body(messages=[{"role": "user", "content": "x" * 10000}])
@@ -122,22 +122,26 @@ async def test_bad_json_too_large_and_unknown_model(model_dir: Path, start_proxy
     assert_anthropic_error(await proxy.post(MESSAGES, anthropic_body(model="other"), key=key), 404, "not_found_error")
     missing = await proxy.post(MESSAGES, {"model": "policy-model", "max_tokens": 5}, key=key)
     assert_anthropic_error(missing, 400, "invalid_request_error")
+    unknown = await proxy.post(MESSAGES, anthropic_body(), key="ofk-not-a-key")
+    assert_anthropic_error(unknown, 401, "authentication_error")
     assert proxy.recorder.records == []
-    # each refusal is counted by route and status for Prometheus (openforge_proxy.http.metrics)
+    # each refusal is counted by route, status and the key's harness for Prometheus
+    # (openforge_proxy.http.metrics); a key no session has counts under no harness
     answers = {
-        (s.labels["route"], s.labels["status"]): s.value
+        (s.labels["route"], s.labels["status"], s.labels["harness"]): s.value
         for f in proxy.metrics_registry.collect()
         if f.name == "openforge_proxy_http_responses"
         for s in f.samples
         if s.name.endswith("_total")
     }
     assert answers == {
-        ("/messages", "400"): 2,
-        ("/messages", "413"): 1,
-        ("/messages", "404"): 1,
-        ("/responses", "400"): 1,
-        ("/chat/completions", "413"): 1,
-        ("/chat/completions", "404"): 1,
+        ("/messages", "400", "claude-code"): 2,
+        ("/messages", "413", "claude-code"): 1,
+        ("/messages", "404", "claude-code"): 1,
+        ("/responses", "400", "claude-code"): 1,
+        ("/chat/completions", "413", "claude-code"): 1,
+        ("/chat/completions", "404", "claude-code"): 1,
+        ("/messages", "401", ""): 1,
     }
 
 

@@ -60,6 +60,7 @@ class ProxySessions:
             ),
             ttl=Duration(seconds=int(ttl_s) + 1),
             rollout_attempt=attempt,
+            harness=rollout.harness,
         )
         if rollout.sampling is not None:
             request.sampling.CopyFrom(rollout.sampling)

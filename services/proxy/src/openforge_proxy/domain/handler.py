@@ -376,6 +376,10 @@ class CallHandler:
             return status, payload
         return 200, dumps({"input_tokens": len(plan.prompt)})
 
+    def harness_of(self, headers: Mapping[str, str]) -> str:
+        """The harness of the session the request's key names ("" without a known key)."""
+        return self._sessions.harness_of(_key(headers))
+
     def _authenticate(self, headers: Mapping[str, str]) -> Session:
         key = _key(headers)
         if not key:

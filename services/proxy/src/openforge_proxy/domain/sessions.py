@@ -75,6 +75,7 @@ class Session:
         serial: Tells this session from an earlier one of the same rollout.
         rollout_attempt: The orchestrator's attempt of the rollout (1-based), written on every
             call record of the session so that the attempts of a re-run rollout never mix.
+        harness: The harness the rollout runs, as its creator named it ("" when not given).
     """
 
     rollout_id: str
@@ -90,6 +91,7 @@ class Session:
     reserved_tokens: int = 0
     serial: int = 0
     rollout_attempt: int = 1
+    harness: str = ""
 
 
 def _digest(key: str) -> str:
@@ -145,11 +147,13 @@ class SessionRegistry:
         sampling: SamplingParams,
         ttl_s: float | None,
         rollout_attempt: int = 0,
+        harness: str = "",
     ) -> tuple[Session, str]:
         """Opens a session; idempotent per ``request_id``.
 
         Args:
             rollout_attempt: The orchestrator's attempt of the rollout (1-based; 0 = 1).
+            harness: The harness the rollout runs (for the proxy's metrics).
 
         Returns:
             The session and its API key.
@@ -199,6 +203,7 @@ class SessionRegistry:
             expire_time=expire,
             serial=next(self._serials),
             rollout_attempt=max(1, rollout_attempt),
+            harness=harness,
         )
         entry = _Entry(session=session, key_digest=_digest(key), request_id=request_id, key=key)
         self._by_rollout[rollout_id] = entry
@@ -231,6 +236,12 @@ class SessionRegistry:
             self._ended(rollout_id)
         entry.key = ""
         return entry.session
+
+    def harness_of(self, key: str) -> str:
+        """The harness of the session ``key`` belongs to, in any state ("" for an unknown key);
+        no side effect (for counting a request's answer, whatever it was)."""
+        entry = self._by_digest.get(_digest(key)) if key else None
+        return entry.session.harness if entry is not None else ""
 
     def authenticate(self, key: str) -> Session:
         """The open session a key belongs to.

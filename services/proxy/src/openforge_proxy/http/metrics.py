@@ -1,9 +1,11 @@
 """The proxy's Prometheus metrics of its harness-facing HTTP server.
 
-``openforge_proxy_http_responses_total{route, status}`` counts every answer (``route`` is the
-API route's suffix, e.g. ``/messages``, ``/chat/completions``, ``/responses``, or ``other``;
-``status`` the HTTP status sent, 499 when the client left before any), so refused calls show
-up by cause (400 bad request, 413 too large, 408 too slow, 429/503 no capacity...);
+``openforge_proxy_http_responses_total{route, status, harness}`` counts every answer (``route``
+is the API route's suffix, e.g. ``/messages``, ``/chat/completions``, ``/responses``, or
+``other``; ``status`` the HTTP status sent, 499 when the client left before any; ``harness`` the
+harness of the session the request's key names, as the orchestrator gave it at CreateSession,
+empty without a known key), so refused calls show up by harness and cause (400 bad request, 401
+no key, 413 too large, 408 too slow, 429/503 no capacity...);
 ``openforge_proxy_http_request_seconds{route}`` is the histogram of the time from the request's
 headers to the handler's end (for a stream, its last byte). The sessions
 (:class:`SessionCollector`): ``openforge_proxy_sessions{state}`` held now (``open``, and the
@@ -34,8 +36,8 @@ class HttpMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.responses = Counter(
             "openforge_proxy_http_responses_total",
-            "Harness-facing HTTP answers, by route and status.",
-            ("route", "status"),
+            "Harness-facing HTTP answers, by route, status and harness.",
+            ("route", "status", "harness"),
             registry=registry,
         )
         self.seconds = Histogram(
@@ -46,9 +48,9 @@ class HttpMetrics:
             registry=registry,
         )
 
-    def observe(self, route: str, status: int, seconds: float) -> None:
+    def observe(self, route: str, status: int, seconds: float, harness: str = "") -> None:
         """Counts one answer."""
-        self.responses.labels(route, str(status)).inc()
+        self.responses.labels(route, str(status), harness).inc()
         self.seconds.labels(route).observe(seconds)
 
 

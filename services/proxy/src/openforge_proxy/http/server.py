@@ -520,7 +520,8 @@ class HttpServer:
             return resp
         finally:
             found = route(request.path)
-            self._metrics.observe(found[0] if found else "other", status, time.monotonic() - t0)
+            harness = self._handler.harness_of(request.headers)
+            self._metrics.observe(found[0] if found else "other", status, time.monotonic() - t0, harness)
             # a body left unread (refused while read) is read and dropped by aiohttp, then the
             # connection is closed: those bytes begin no request
             if isinstance(connection, _Connection) and request.content.is_eof():

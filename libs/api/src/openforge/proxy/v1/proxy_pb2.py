@@ -27,33 +27,33 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from openforge.common.v1 import common_pb2 as openforge_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eopenforge/proxy/v1/proxy.proto\x12\x12openforge.proxy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a openforge/common/v1/common.proto\"\x87\x01\n\rSessionLimits\x12\x11\n\tmax_turns\x18\x01 \x01(\x05\x12\x1b\n\x13max_tokens_per_call\x18\x02 \x01(\x05\x12\x18\n\x10max_total_tokens\x18\x03 \x01(\x03\x12,\n\x08\x64\x65\x61\x64line\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xfc\x02\n\x07Session\x12\x12\n\nrollout_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\x31\n\x06limits\x18\x04 \x01(\x0b\x32!.openforge.proxy.v1.SessionLimits\x12\x35\n\x08sampling\x18\x05 \x01(\x0b\x32#.openforge.common.v1.SamplingParams\x12/\n\x05state\x18\x06 \x01(\x0e\x32 .openforge.proxy.v1.SessionState\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63\x61lls\x18\t \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\n \x01(\x03\x12\x17\n\x0frollout_attempt\x18\x0b \x01(\x05\"\x8d\x02\n\x14\x43reateSessionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nrollout_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x12\n\nmodel_name\x18\x04 \x01(\t\x12\x31\n\x06limits\x18\x05 \x01(\x0b\x32!.openforge.proxy.v1.SessionLimits\x12\x35\n\x08sampling\x18\x06 \x01(\x0b\x32#.openforge.common.v1.SamplingParams\x12&\n\x03ttl\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x17\n\x0frollout_attempt\x18\x08 \x01(\x05\"\x8d\x01\n\x15\x43reateSessionResponse\x12,\n\x07session\x18\x01 \x01(\x0b\x32\x1b.openforge.proxy.v1.Session\x12\x0f\n\x07\x61pi_key\x18\x02 \x01(\t\x12\x35\n\x0cserved_model\x18\x03 \x01(\x0b\x32\x1f.openforge.proxy.v1.ServedModel\"R\n\x0bServedModel\x12\x16\n\x0etokenizer_hash\x18\x01 \x01(\t\x12\x1a\n\x12\x63hat_template_hash\x18\x02 \x01(\t\x12\x0f\n\x07parsers\x18\x03 \x03(\t\"\'\n\x11GetSessionRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\"B\n\x12GetSessionResponse\x12,\n\x07session\x18\x01 \x01(\x0b\x32\x1b.openforge.proxy.v1.Session\")\n\x13\x43loseSessionRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\"D\n\x14\x43loseSessionResponse\x12,\n\x07session\x18\x01 \x01(\x0b\x32\x1b.openforge.proxy.v1.Session*z\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12SESSION_STATE_OPEN\x10\x01\x12\x18\n\x14SESSION_STATE_CLOSED\x10\x02\x12\x19\n\x15SESSION_STATE_EXPIRED\x10\x03\x32\xb4\x02\n\x0cProxyService\x12\x64\n\rCreateSession\x12(.openforge.proxy.v1.CreateSessionRequest\x1a).openforge.proxy.v1.CreateSessionResponse\x12[\n\nGetSession\x12%.openforge.proxy.v1.GetSessionRequest\x1a&.openforge.proxy.v1.GetSessionResponse\x12\x61\n\x0c\x43loseSession\x12\'.openforge.proxy.v1.CloseSessionRequest\x1a(.openforge.proxy.v1.CloseSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eopenforge/proxy/v1/proxy.proto\x12\x12openforge.proxy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a openforge/common/v1/common.proto\"\x87\x01\n\rSessionLimits\x12\x11\n\tmax_turns\x18\x01 \x01(\x05\x12\x1b\n\x13max_tokens_per_call\x18\x02 \x01(\x05\x12\x18\n\x10max_total_tokens\x18\x03 \x01(\x03\x12,\n\x08\x64\x65\x61\x64line\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8d\x03\n\x07Session\x12\x12\n\nrollout_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\x31\n\x06limits\x18\x04 \x01(\x0b\x32!.openforge.proxy.v1.SessionLimits\x12\x35\n\x08sampling\x18\x05 \x01(\x0b\x32#.openforge.common.v1.SamplingParams\x12/\n\x05state\x18\x06 \x01(\x0e\x32 .openforge.proxy.v1.SessionState\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63\x61lls\x18\t \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\n \x01(\x03\x12\x17\n\x0frollout_attempt\x18\x0b \x01(\x05\x12\x0f\n\x07harness\x18\x0c \x01(\t\"\x9e\x02\n\x14\x43reateSessionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nrollout_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x12\n\nmodel_name\x18\x04 \x01(\t\x12\x31\n\x06limits\x18\x05 \x01(\x0b\x32!.openforge.proxy.v1.SessionLimits\x12\x35\n\x08sampling\x18\x06 \x01(\x0b\x32#.openforge.common.v1.SamplingParams\x12&\n\x03ttl\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x17\n\x0frollout_attempt\x18\x08 \x01(\x05\x12\x0f\n\x07harness\x18\t \x01(\t\"\x8d\x01\n\x15\x43reateSessionResponse\x12,\n\x07session\x18\x01 \x01(\x0b\x32\x1b.openforge.proxy.v1.Session\x12\x0f\n\x07\x61pi_key\x18\x02 \x01(\t\x12\x35\n\x0cserved_model\x18\x03 \x01(\x0b\x32\x1f.openforge.proxy.v1.ServedModel\"R\n\x0bServedModel\x12\x16\n\x0etokenizer_hash\x18\x01 \x01(\t\x12\x1a\n\x12\x63hat_template_hash\x18\x02 \x01(\t\x12\x0f\n\x07parsers\x18\x03 \x03(\t\"\'\n\x11GetSessionRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\"B\n\x12GetSessionResponse\x12,\n\x07session\x18\x01 \x01(\x0b\x32\x1b.openforge.proxy.v1.Session\")\n\x13\x43loseSessionRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\"D\n\x14\x43loseSessionResponse\x12,\n\x07session\x18\x01 \x01(\x0b\x32\x1b.openforge.proxy.v1.Session*z\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12SESSION_STATE_OPEN\x10\x01\x12\x18\n\x14SESSION_STATE_CLOSED\x10\x02\x12\x19\n\x15SESSION_STATE_EXPIRED\x10\x03\x32\xb4\x02\n\x0cProxyService\x12\x64\n\rCreateSession\x12(.openforge.proxy.v1.CreateSessionRequest\x1a).openforge.proxy.v1.CreateSessionResponse\x12[\n\nGetSession\x12%.openforge.proxy.v1.GetSessionRequest\x1a&.openforge.proxy.v1.GetSessionResponse\x12\x61\n\x0c\x43loseSession\x12\'.openforge.proxy.v1.CloseSessionRequest\x1a(.openforge.proxy.v1.CloseSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'openforge.proxy.v1.proxy_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SESSIONSTATE']._serialized_start=1396
-  _globals['_SESSIONSTATE']._serialized_end=1518
+  _globals['_SESSIONSTATE']._serialized_start=1430
+  _globals['_SESSIONSTATE']._serialized_end=1552
   _globals['_SESSIONLIMITS']._serialized_start=154
   _globals['_SESSIONLIMITS']._serialized_end=289
   _globals['_SESSION']._serialized_start=292
-  _globals['_SESSION']._serialized_end=672
-  _globals['_CREATESESSIONREQUEST']._serialized_start=675
-  _globals['_CREATESESSIONREQUEST']._serialized_end=944
-  _globals['_CREATESESSIONRESPONSE']._serialized_start=947
-  _globals['_CREATESESSIONRESPONSE']._serialized_end=1088
-  _globals['_SERVEDMODEL']._serialized_start=1090
-  _globals['_SERVEDMODEL']._serialized_end=1172
-  _globals['_GETSESSIONREQUEST']._serialized_start=1174
-  _globals['_GETSESSIONREQUEST']._serialized_end=1213
-  _globals['_GETSESSIONRESPONSE']._serialized_start=1215
-  _globals['_GETSESSIONRESPONSE']._serialized_end=1281
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1283
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1324
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1326
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1394
-  _globals['_PROXYSERVICE']._serialized_start=1521
-  _globals['_PROXYSERVICE']._serialized_end=1829
+  _globals['_SESSION']._serialized_end=689
+  _globals['_CREATESESSIONREQUEST']._serialized_start=692
+  _globals['_CREATESESSIONREQUEST']._serialized_end=978
+  _globals['_CREATESESSIONRESPONSE']._serialized_start=981
+  _globals['_CREATESESSIONRESPONSE']._serialized_end=1122
+  _globals['_SERVEDMODEL']._serialized_start=1124
+  _globals['_SERVEDMODEL']._serialized_end=1206
+  _globals['_GETSESSIONREQUEST']._serialized_start=1208
+  _globals['_GETSESSIONREQUEST']._serialized_end=1247
+  _globals['_GETSESSIONRESPONSE']._serialized_start=1249
+  _globals['_GETSESSIONRESPONSE']._serialized_end=1315
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1317
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1358
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1360
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1428
+  _globals['_PROXYSERVICE']._serialized_start=1555
+  _globals['_PROXYSERVICE']._serialized_end=1863
 # @@protoc_insertion_point(module_scope)

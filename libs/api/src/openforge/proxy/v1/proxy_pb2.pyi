@@ -104,6 +104,7 @@ class Session(_message.Message):
     CALLS_FIELD_NUMBER: _builtins.int
     TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
     ROLLOUT_ATTEMPT_FIELD_NUMBER: _builtins.int
+    HARNESS_FIELD_NUMBER: _builtins.int
     rollout_id: _builtins.str
     """The rollout this session serves; one open session per rollout."""
     run_id: _builtins.str
@@ -118,6 +119,10 @@ class Session(_message.Message):
     """Prompt + completion tokens served so far."""
     rollout_attempt: _builtins.int
     """The orchestrator's attempt of the rollout this session serves (1-based)."""
+    harness: _builtins.str
+    """The harness the rollout runs (claude-code, codex, openclaw, mini-swe-agent,
+    command); empty when the creator did not say.
+    """
     @_builtins.property
     def limits(self) -> Global___SessionLimits:
         """Limits enforced."""
@@ -148,10 +153,11 @@ class Session(_message.Message):
         calls: _builtins.int = ...,
         total_tokens: _builtins.int = ...,
         rollout_attempt: _builtins.int = ...,
+        harness: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "expire_time", b"expire_time", "limits", b"limits", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "create_time", b"create_time", "expire_time", b"expire_time", "limits", b"limits", "model_name", b"model_name", "rollout_attempt", b"rollout_attempt", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "state", b"state", "total_tokens", b"total_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "create_time", b"create_time", "expire_time", b"expire_time", "harness", b"harness", "limits", b"limits", "model_name", b"model_name", "rollout_attempt", b"rollout_attempt", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "state", b"state", "total_tokens", b"total_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -171,6 +177,7 @@ class CreateSessionRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _builtins.int
     TTL_FIELD_NUMBER: _builtins.int
     ROLLOUT_ATTEMPT_FIELD_NUMBER: _builtins.int
+    HARNESS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Idempotency key for retries."""
     rollout_id: _builtins.str
@@ -183,6 +190,11 @@ class CreateSessionRequest(_message.Message):
     """The orchestrator's attempt of the rollout (1-based; 0 = 1), written on
     every call record of the session (CallRecord.rollout_attempt) so that a
     re-run rollout's attempts never mix.
+    """
+    harness: _builtins.str
+    """The harness the rollout runs (claude-code, codex, openclaw, mini-swe-agent,
+    command): the proxy counts its HTTP answers by it
+    (openforge_proxy_http_responses_total{harness}). Optional.
     """
     @_builtins.property
     def limits(self) -> Global___SessionLimits:
@@ -207,10 +219,11 @@ class CreateSessionRequest(_message.Message):
         sampling: _common_pb2.SamplingParams | None = ...,
         ttl: _duration_pb2.Duration | None = ...,
         rollout_attempt: _builtins.int = ...,
+        harness: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "sampling", b"sampling", "ttl", b"ttl"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "model_name", b"model_name", "request_id", b"request_id", "rollout_attempt", b"rollout_attempt", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "ttl", b"ttl"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["harness", b"harness", "limits", b"limits", "model_name", b"model_name", "request_id", b"request_id", "rollout_attempt", b"rollout_attempt", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "ttl", b"ttl"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
