@@ -394,13 +394,20 @@ def test_dashboard_shows_the_curves_rollouts_and_a_trajectory(
     causes = _element(outcomes, "table", "failure-causes")
     assert '<tr data-status="TIMED_OUT" data-count="1">' in causes
     assert '<td class="cause">task timeout (N s) reached</td>' in causes
-    # per harness: rollouts, mean reward, passed, duration, peak sandbox memory
+    # per harness: rollouts, mean reward, passed, duration, peak sandbox memory, and per rollout
+    # the model calls, sample tokens and samples, read back from the store
     harnesses = _element(page, "table", "harnesses")
     rows = re.findall(r'<tr data-harness="([^"]+)" data-rollouts="(\d+)">(.*?)</tr>', harnesses)
     assert [(name, n) for name, n, _ in rows] == [("codex", "1"), ("openclaw", "2")]
     cells = {name: re.findall(r'<td class="num">([^<]*)</td>', row) for name, _, row in rows}
-    assert cells["openclaw"] == ["2", "0.500", "1 (50%)", "8.0 s", "110 MiB"]
-    assert cells["codex"] == ["1", "–", "0 (0%)", "8.0 s", "120 MiB"]
+    tokens = [
+        sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in asyncio.run(_store_samples(store, rid)))
+        for rid in ("ro-pass", "ro-fork")
+    ]
+    mean_tokens = f"{sum(tokens) / 2:.0f}"
+    # each of the two made 2 calls; ro-pass gave 1 sample, ro-fork 2
+    assert cells["openclaw"] == ["2", "0.500", "1 (50%)", "8.0 s", "110 MiB", "2.0", mean_tokens, "1.50"]
+    assert cells["codex"] == ["1", "–", "0 (0%)", "8.0 s", "120 MiB", "0.0", "0", "0.00"]  # no call made
 
     filtered = _dom(chromium, f"{url}#/run/{RUN}?status=SUCCEEDED&min_reward=0.5&task={TASK}", tmp_path)
     assert re.findall(r'data-rollout="([^"]+)"', _element(filtered, "table", "rollouts")) == ["ro-pass"]

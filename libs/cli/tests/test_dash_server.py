@@ -21,6 +21,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner
 from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
@@ -94,7 +95,14 @@ class FakeTrajectoryStore(trajectory_pb2_grpc.TrajectoryServiceServicer):
         )
 
     failed: ClassVar[list[common_pb2.Rollout]] = [
-        common_pb2.Rollout(rollout_id=rid, harness=harness, status=status, failure_reason=reason)
+        common_pb2.Rollout(
+            rollout_id=rid,
+            harness=harness,
+            status=status,
+            failure_reason=reason,
+            # ro2 ended but is not assembled yet (GetSamples: FAILED_PRECONDITION): no cost
+            end_time=Timestamp(seconds=200) if rid == "ro2" else None,
+        )
         for rid, harness, status, reason in (
             (
                 "ro2",
@@ -246,6 +254,9 @@ async def test_outcomes_count_every_rollout_by_status_failure_cause_and_harness(
                 "passed": 0,
                 "mean_s": None,
                 "peak_mib": None,
+                "turns": None,
+                "tokens": None,
+                "samples": None,
             },
             {
                 "harness": "mini-swe-agent",
@@ -256,6 +267,9 @@ async def test_outcomes_count_every_rollout_by_status_failure_cause_and_harness(
                 "passed": 1,
                 "mean_s": 12.0,
                 "peak_mib": 96.0,
+                "turns": 1.0,  # ro1 (ended): one call, one sample of 2 + 3 tokens; ro4 never ended
+                "tokens": 5.0,
+                "samples": 1.0,
             },
         ],
     }

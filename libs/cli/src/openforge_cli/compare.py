@@ -25,6 +25,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 from rich.table import Table
@@ -34,6 +35,9 @@ from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_cli.eval import EvalReport
 from openforge_core.backoff import doubling_delay
 from openforge_core.rpc.client import open_channel
+
+if TYPE_CHECKING:
+    from openforge.trajectory.v1.trajectory_pb2_grpc import TrajectoryServiceAsyncStub
 
 TRAJECTORY_SERVICE = "openforge.trajectory.v1.TrajectoryService"
 
@@ -83,6 +87,17 @@ def cost_of(calls: Sequence[common_pb2.CallRecord], samples: Sequence[trajectory
     )
 
 
+async def rollout_cost(stub: TrajectoryServiceAsyncStub, rollout_id: str) -> RolloutCost:
+    """One rollout's :class:`RolloutCost` from the store (its samples, then its calls).
+
+    Raises:
+        grpc.aio.AioRpcError: The store refused a read (FAILED_PRECONDITION: not assembled yet).
+    """
+    samples = await stub.GetSamples(trajectory_pb2.GetSamplesRequest(rollout_id=rollout_id))
+    calls = await stub.GetCalls(trajectory_pb2.GetCallsRequest(rollout_id=rollout_id))
+    return cost_of(calls.calls, samples.samples)
+
+
 async def read_costs(
     store: str, rollout_ids: Sequence[str], *, assembly_wait_s: float = 60.0
 ) -> dict[str, RolloutCost]:
@@ -106,15 +121,13 @@ async def read_costs(
             retry = 0
             while True:
                 try:
-                    samples = await stub.GetSamples(trajectory_pb2.GetSamplesRequest(rollout_id=rid))
+                    out[rid] = await rollout_cost(stub, rid)
                     break
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or time.monotonic() >= deadline:
                         raise
                 await asyncio.sleep(doubling_delay(0.1, retry, 2.0))
                 retry += 1
-            calls = await stub.GetCalls(trajectory_pb2.GetCallsRequest(rollout_id=rid))
-            out[rid] = cost_of(calls.calls, samples.samples)
     return out
 
 

@@ -38,6 +38,7 @@ from aiohttp import web
 
 from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
+from openforge_cli.compare import RolloutCost, rollout_cost
 from openforge_cli.dash import views
 from openforge_cli.train import EVAL_PHASES, eval_run_id
 from openforge_core.rpc.client import open_channel
@@ -53,6 +54,9 @@ READS = ("GetRollout", "ListRollouts", "GetCalls", "GetSamples", "ListRuns", "Ge
 MAX_STEPS = 100_000
 #: Rollouts the outcomes endpoint reads at most.
 MAX_ROLLOUTS = 100_000
+#: Rollouts whose calls and samples the outcomes endpoint reads, at most, for the per-harness
+#: turns, tokens and samples of a run that used several harnesses.
+MAX_COSTED = 500
 #: Largest integer query parameter (the store's fields are int32).
 MAX_INT32 = 2**31 - 1
 STATIC = {"index.html": "text/html", "app.js": "text/javascript", "app.css": "text/css"}
@@ -225,8 +229,10 @@ async def get_resources(request: web.Request) -> web.Response:
 
 
 async def run_outcomes(request: web.Request) -> web.Response:
-    """``{"statuses": {...}, "causes": [...]}`` (:func:`views.outcomes`) over every rollout of the
-    run (every page of ListRollouts, up to :data:`MAX_ROLLOUTS`)."""
+    """``{"statuses": {...}, "causes": [...], "harnesses": [...]}`` (:func:`views.outcomes`) over
+    every rollout of the run (every page of ListRollouts, up to :data:`MAX_ROLLOUTS`); when the
+    run used several harnesses, with what each ended rollout cost (its calls and samples, up to
+    :data:`MAX_COSTED` rollouts; one not assembled yet is left out)."""
     stub, run_id = _stub(request), request.match_info["run_id"]
     found = await _every_page(
         lambda token: stub.ListRollouts(
@@ -235,7 +241,15 @@ async def run_outcomes(request: web.Request) -> web.Response:
         lambda resp: resp.rollouts,
         MAX_ROLLOUTS,
     )
-    return web.json_response(views.outcomes(found))
+    costs: dict[str, RolloutCost] = {}
+    if len({r.harness for r in found}) > 1:
+        for r in [r for r in found if r.HasField("end_time")][:MAX_COSTED]:
+            try:
+                costs[r.rollout_id] = await rollout_cost(stub, r.rollout_id)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+    return web.json_response(views.outcomes(found, costs=costs))
 
 
 async def _every_page(fetch: Callable[[str], Awaitable[Any]], items: Callable[[Any], Any], limit: int) -> list[Any]:

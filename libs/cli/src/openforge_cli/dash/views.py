@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2
-from openforge_cli.compare import rollout_seconds, sandbox_usage
+from openforge_cli.compare import RolloutCost, rollout_seconds, sandbox_usage
 
 #: Request and response bodies longer than this many bytes are cut (the page says so).
 MAX_BODY_BYTES = 256 * 1024
@@ -132,16 +132,23 @@ def failure_cause(reason: str) -> str:
     return re.sub(r"\d+", "N", first)[:100]
 
 
-def outcomes(rollouts: Iterable[common_pb2.Rollout], pass_threshold: float = 1.0) -> dict[str, Any]:
+def outcomes(
+    rollouts: Iterable[common_pb2.Rollout],
+    pass_threshold: float = 1.0,
+    costs: Mapping[str, RolloutCost] | None = None,
+) -> dict[str, Any]:
     """Rollouts by status (``{"SUCCEEDED": n, ...}``), failures by cause and the same figures per
     harness.
 
     ``causes`` is a list of ``{"status", "cause", "rollouts", "example"}`` (:func:`failure_cause`;
     ``example`` a rollout id), most rollouts first. ``harnesses`` is a list, by name, of
-    ``{"harness", "rollouts", "statuses", "rewarded", "reward_mean", "passed", "mean_s"}``:
-    ``reward_mean`` over the ``rewarded`` rollouts (None without one), ``passed`` those with
-    reward >= ``pass_threshold``, ``mean_s`` the mean wall time of those that ended (None
-    without one) — a harness comparison (``openforge eval --harness``) side by side."""
+    ``{"harness", "rollouts", "statuses", "rewarded", "reward_mean", "passed", "mean_s",
+    "peak_mib", "turns", "tokens", "samples"}``: ``reward_mean`` over the ``rewarded`` rollouts
+    (None without one), ``passed`` those with reward >= ``pass_threshold``, ``mean_s`` the mean
+    wall time of those that ended, ``peak_mib`` the highest sandbox memory, and ``turns``,
+    ``tokens``, ``samples`` the mean :class:`~openforge_cli.compare.RolloutCost` of the rollouts
+    in ``costs`` (None without one) — a harness comparison (``openforge eval --harness``) side
+    by side."""
     statuses: Counter[str] = Counter()
     causes: Counter[tuple[str, str]] = Counter()
     example: dict[tuple[str, str], str] = {}
@@ -160,14 +167,23 @@ def outcomes(rollouts: Iterable[common_pb2.Rollout], pass_threshold: float = 1.0
             {"status": st, "cause": cause, "rollouts": n, "example": example[(st, cause)]}
             for (st, cause), n in sorted(causes.items(), key=lambda kv: (-kv[1], kv[0]))
         ],
-        "harnesses": [_harness_figures(name, rs, pass_threshold) for name, rs in sorted(per_harness.items())],
+        "harnesses": [
+            _harness_figures(name, rs, pass_threshold, costs or {}) for name, rs in sorted(per_harness.items())
+        ],
     }
 
 
-def _harness_figures(name: str, rollouts: list[common_pb2.Rollout], pass_threshold: float) -> dict[str, Any]:
+def _harness_figures(
+    name: str, rollouts: list[common_pb2.Rollout], pass_threshold: float, costs: Mapping[str, RolloutCost]
+) -> dict[str, Any]:
     rewards = [r.reward for r in rollouts if r.HasField("reward")]
     seconds = [s for r in rollouts if (s := rollout_seconds(r)) is not None]
     peaks = [peak for r in rollouts if (peak := sandbox_usage(r)[1]) is not None]
+    costed = [costs[r.rollout_id] for r in rollouts if r.rollout_id in costs]
+
+    def mean(values: list[int]) -> float | None:
+        return sum(values) / len(values) if values else None
+
     return {
         "harness": name,
         "rollouts": len(rollouts),
@@ -179,6 +195,9 @@ def _harness_figures(name: str, rollouts: list[common_pb2.Rollout], pass_thresho
         "passed": sum(1 for x in rewards if x >= pass_threshold),
         "mean_s": sum(seconds) / len(seconds) if seconds else None,
         "peak_mib": max(peaks) if peaks else None,
+        "turns": mean([c.turns for c in costed]),
+        "tokens": mean([c.tokens for c in costed]),
+        "samples": mean([c.samples for c in costed]),
     }
 
 

@@ -217,7 +217,7 @@ function harnessesView(o) {
   return h("table", { id: "harnesses" },
     h("thead", {}, h("tr", {}, h("th", {}, "harness"), h("th.num", {}, "rollouts"), h("th.num", {}, "mean reward"),
       h("th.num", {}, "passed"), h("th.num", {}, "mean duration"), h("th.num", {}, "peak sandbox memory"),
-      h("th", {}, "statuses"))),
+      h("th.num", {}, "turns"), h("th.num", {}, "tokens"), h("th.num", {}, "samples"), h("th", {}, "statuses"))),
     h("tbody", {}, o.harnesses.map((x) => h("tr", { "data-harness": x.harness, "data-rollouts": String(x.rollouts) },
       h("td", {}, x.harness),
       h("td.num", {}, String(x.rollouts)),
@@ -225,6 +225,9 @@ function harnessesView(o) {
       h("td.num", {}, pct(x.passed, x.rollouts)),
       h("td.num", {}, x.mean_s === null ? "–" : x.mean_s.toFixed(1) + " s"),
       h("td.num", {}, x.peak_mib === null ? "–" : x.peak_mib.toFixed(0) + " MiB"),
+      h("td.num", {}, x.turns === null ? "–" : x.turns.toFixed(1)),
+      h("td.num", {}, x.tokens === null ? "–" : x.tokens.toFixed(0)),
+      h("td.num", {}, x.samples === null ? "–" : x.samples.toFixed(2)),
       h("td", {}, Object.entries(x.statuses).map(([st, n]) => h("span.outcome", {}, statusCell(st), ` ${n} `)))))));
 }
 
