@@ -300,6 +300,9 @@ def dash_url(
         )
         _record_run(nats_server_fn.url, proxy, fake, model_dir)
         asyncio.run(_wait_steps(store.address, STEPS))
+        up_state = tmp_path / "up"  # the state folder of a running `openforge up`, its resource log
+        up_state.mkdir()
+        _resource_log(up_state)
         port = free_port()
         log = (tmp_path / "dash.log").open("wb")
         dash = subprocess.Popen(
@@ -310,6 +313,7 @@ def dash_url(
                 "dash",
                 *("--store", store.address, "--port", str(port)),
                 *("--model-dir", str(model_dir)),
+                *("--up-state-dir", str(up_state)),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -382,6 +386,9 @@ def test_dashboard_shows_the_curves_rollouts_and_a_trajectory(
     assert '<circle class="eval"' not in _element(page, "svg", "curve-loss-policy")
     manifest = _element(page, "dl", "manifest")
     assert '<dd data-field="harness">openclaw</dd>' in manifest
+    # live (--store), the resource curves come from the running `up`'s log (--up-state-dir)
+    cpu = re.findall(r'<polyline class="line s\d" data-series="([a-z]+)"', _element(page, "svg", "curve-cpu"))
+    assert cpu == ["machine", "proxy", "trainer"], cpu
     assert '<dd data-field="harness_version">2026.9.6</dd>' in manifest
     table = _element(page, "table", "rollouts")
     assert sorted(re.findall(r'data-rollout="([^"]+)"', table)) == ["ro-fork", "ro-pass", "ro-timeout"]

@@ -46,8 +46,25 @@ def _exit_once(signum: int, frame: FrameType | None) -> None:
     help="Model folder whose tokenizer.json decodes token ids (default: with --state-dir, the run's model "
     "under it; else the run manifest's model when it is a local folder; else ids are shown).",
 )
+@click.option(
+    "--up-state-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path(".openforge"),
+    show_default=True,
+    envvar="OPENFORGE_STATE_DIR",
+    help="With --store: the state folder of the running `openforge up` (its --state-dir), whose resource log "
+    "(resources.jsonl, written by a foreground `up`) the run page draws as it grows; nothing drawn without one.",
+)
 @click.pass_context
-def dash(ctx: click.Context, store: str, state_dir: Path | None, host: str, port: int, model_dir: Path | None) -> None:
+def dash(
+    ctx: click.Context,
+    store: str,
+    state_dir: Path | None,
+    host: str,
+    port: int,
+    model_dir: Path | None,
+    up_state_dir: Path,
+) -> None:
     """Serve the dashboard: runs, metric curves, rollouts and trajectories from the trajectory store."""
     from openforge_cli.dash.local_store import StateDirError, check_state_dir, run_model_dir, run_store
     from openforge_cli.dash.server import serve
@@ -56,7 +73,7 @@ def dash(ctx: click.Context, store: str, state_dir: Path | None, host: str, port
         raise click.BadParameter(f"no tokenizer.json in {model_dir}", param_hint="--model-dir")
     if state_dir is None:
         try:
-            serve(store, host, port, model_dir)
+            serve(store, host, port, model_dir, up_state_dir)
         except OSError as exc:  # the port is taken, or the interface does not exist
             raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc
         return
