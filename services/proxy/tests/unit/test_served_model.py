@@ -4,6 +4,7 @@ them once the model is loaded and never waits for it."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -58,6 +59,16 @@ def test_a_tokenizer_other_than_inferences_is_refused(info: ModelInfo, tmp_path:
     unchecked = ModelRuntime.load(info, model_dir=other, check_hash=False)
     # the manifest gets the tokenizer the proxy really tokenizes with
     assert unchecked.served.tokenizer_hash == _sha256((other / "tokenizer.json").read_bytes())
+
+
+def test_a_template_of_no_known_family_is_refused_naming_what_it_lacks(info: ModelInfo) -> None:
+    llama3 = "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}{{ '<|python_tag|>' }}"
+    with pytest.raises(FailedPrecondition) as err:
+        ModelRuntime.load(dataclasses.replace(info, chat_template=llama3))
+    assert err.value.reason == "BAD_FAMILY"
+    assert "hermes needs <|im_start|>, <tool_call>" in err.value.message
+    with pytest.raises(FailedPrecondition, match="unknown model family 'llama3'"):
+        ModelRuntime.load(info, family="llama3")
 
 
 class _Engine:

@@ -21,6 +21,7 @@ import grpc
 
 from openforge.common.v1 import common_pb2
 from openforge.inference.v1 import inference_pb2, inference_pb2_grpc
+from openforge_core.protowire import LEN
 from openforge_core.rpc.client import open_channel
 from openforge_proxy.domain.engine import Delta, EngineRejected, EngineUnavailable, ModelInfo, Sampling
 from openforge_proxy.domain.output import Finish
@@ -36,8 +37,8 @@ _FINISH = {
 }
 _REJECTED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
 _GENERATE = f"/{SERVICE}/Generate"
-#: Tag of ``GenerateRequest.prompt_token_ids`` (field 2, length-delimited).
-_PROMPT_TAG = varint(2 << 3 | 2)
+#: Tag of ``GenerateRequest.prompt_token_ids`` (length-delimited: packed).
+_PROMPT_TAG = varint(inference_pb2.GenerateRequest.PROMPT_TOKEN_IDS_FIELD_NUMBER << 3 | LEN)
 
 
 def generate_request_bytes(request_id: str, prompt: PackedIds, sampling: Sampling) -> bytes:

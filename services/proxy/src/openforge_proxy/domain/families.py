@@ -238,10 +238,13 @@ class HermesFamily:
         ``tool_call:<name>``, ``reasoning:<name>``."""
         return (f"family:{self.name}", f"tool_call:{self.tool_call_parser}", f"reasoning:{self.reasoning_parser}")
 
-    @staticmethod
-    def matches(template: str) -> bool:
+    def missing(self, template: str) -> list[str]:
+        """The markers of this family that ``template`` lacks (none: it is of this family)."""
+        return [m for m in (self.message_start, self.tool_open) if m not in template]
+
+    def matches(self, template: str) -> bool:
         """Whether a chat template is of this family."""
-        return "<|im_start|>" in template and "<tool_call>" in template
+        return not self.missing(template)
 
     def parser(self, generation_prompt: str) -> HermesParser:
         """A parser for one completion that follows ``generation_prompt``."""
@@ -317,8 +320,13 @@ def family_for(name: str, template: str) -> Family:
         if name not in FAMILIES:
             raise FailedPrecondition(f"unknown model family {name!r}; known: {sorted(FAMILIES)}", reason="BAD_FAMILY")
         return FAMILIES[name]()
-    for factory in FAMILIES.values():
+    lacking = []
+    for name, factory in FAMILIES.items():
         fam = factory()
         if fam.matches(template):
             return fam
-    raise FailedPrecondition("no model family matches the chat template", reason="BAD_FAMILY")
+        lacking.append(f"{name} needs {', '.join(fam.missing(template))}")
+    raise FailedPrecondition(
+        f"no model family the proxy parses token-exact matches the chat template ({'; '.join(lacking)})",
+        reason="BAD_FAMILY",
+    )
