@@ -11,7 +11,8 @@ while a rollout waits between its two calls), and checks:
   again to a restarted inference and requested again the groups a restarted orchestrator lost;
 * every step's metrics were recorded exactly once (no step repeated or skipped);
 * every call the proxy answered (``call.done`` in its log, over both of its lives) is stored
-  exactly once as an answered record;
+  exactly once as an answered record, and any other stored call is one a killed proxy recorded
+  in its last instant, of a rollout attempt that was run again and never assembled;
 * every sample the store assembled belongs to a rollout with a verifier reward, and every
   rollout with samples has as many answered calls of its last attempt as its samples hold.
 """
@@ -174,9 +175,21 @@ def test_a_service_killed_mid_run_is_restarted_and_the_run_finishes_clean(tmp_pa
     assert len(acknowledged) == len(done) + len(undelivered) and done  # each answered once
     with sqlite3.connect(state / "trajectories.db") as db:
         rows = db.execute("SELECT rollout_id, call_id, attempt, data FROM calls").fetchall()
-    stored = {(r, c, a) for r, c, a, data in rows if not common_pb2.CallRecord.FromString(data).error}
-    assert stored == acknowledged  # every acknowledged call stored, once (rows are unique), and no other
+        attempts = dict(db.execute("SELECT rollout_id, attempts FROM rollouts").fetchall())
+    records = {(r, c, a): common_pb2.CallRecord.FromString(data) for r, c, a, data in rows}
+    stored = {key for key, record in records.items() if not record.error}
+    assert acknowledged <= stored  # every acknowledged call stored, once (rows are unique)
     assert answered <= stored
+    # A SIGKILLed proxy can die between a record's acknowledgement by the bus and its log line:
+    # such a call is stored but was never answered (or answered in that instant), and the proxy's
+    # death ends its rollout's attempt, so the call belongs to an attempt that was run again and
+    # is never assembled. At most one per running rollout; no other service's kill leaves one.
+    unlogged = stored - acknowledged
+    assert len(unlogged) <= (2 if service == "proxy" else 0), sorted(unlogged)
+    sampled_calls = {(r.rollout_id, cid) for r, s in samples for cid in s.call_ids}
+    for rollout_id, call_id, attempt in unlogged:
+        assert (rollout_id, call_id) not in sampled_calls
+        assert attempts[rollout_id] > max(records[(rollout_id, call_id, attempt)].rollout_attempt, 1)
     if victim == "inference":
         trainer_log = (state / "logs" / "trainer.log").read_text()
         assert "run.weights_pushed_again" in trainer_log
