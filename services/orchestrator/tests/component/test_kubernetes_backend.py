@@ -62,6 +62,17 @@ from tools.deploy.k8s_check import KUBERNETES_VERSION  # noqa: E402
 CATALOG = TaskCatalog(ROOT / "examples" / "tasks")
 NS = "openforge-rollouts"
 KEY = "ofk-test-rollout-key-0123456789"
+#: The proxy Service's address as the fake cluster DNS below answers it.
+PROXY_IP = "10.96.0.42"
+
+
+async def _fake_cluster_dns(host: str) -> str:
+    """A fake of the cluster DNS the orchestrator's pod asks: only the proxy's Service resolves."""
+    if host != "proxy.openforge.svc.cluster.local":
+        raise OSError(f"NXDOMAIN {host}")
+    return PROXY_IP
+
+
 JOBS = "/apis/batch/v1/namespaces/openforge-rollouts/jobs"
 
 
@@ -196,7 +207,7 @@ async def server() -> AsyncIterator[Any]:
 @pytest.fixture
 async def backend(server: Any) -> AsyncIterator[KubernetesBackend]:
     api = k8s_client.ApiClient(k8s_client.Configuration(host=str(server.url).rstrip("/")))
-    b = KubernetesBackend(KubernetesSandboxSettings(watch_timeout_s=2), api_client=api)
+    b = KubernetesBackend(KubernetesSandboxSettings(watch_timeout_s=2), api_client=api, resolve=_fake_cluster_dns)
     yield b
     await b.close()
 
@@ -243,8 +254,7 @@ def _assert_hardened(
     """The rollout pod's hardening, on the objects the backend renders (issue 26, item 4), for
     every container, init containers included.
 
-    Not asserted because the backend does not do it yet: DNS limited to the proxy's name (the
-    policy lets the pod ask the cluster DNS for any name).
+    ``job`` was rendered for a proxy at :data:`PROXY_IP`.
     """
     s = backend.settings
     name = job["metadata"]["name"]
@@ -331,9 +341,15 @@ def _assert_hardened(
     assert env_keys <= holding_key, "the Secret carries no other variable"
     assert holding_key <= env_keys | launch_keys, "tests/ and solution/ never hold the key"
 
-    # Egress only to the proxy's pods on the proxy's port, and to the cluster DNS pods on port 53;
-    # no ingress. Every rule names its peers (namespace and pod labels, no address block) and its
-    # ports: an empty `to` or `ports` would mean everywhere or every port.
+    # No DNS: the proxy's name is in /etc/hosts, the only nameserver is the pod's own loopback
+    # (nothing listens there), no search domain; a query could carry data out of the sandbox.
+    proxy_host = urlsplit(backend.proxy_base_url).hostname
+    assert pod["dnsPolicy"] == "None" and pod["dnsConfig"] == {"nameservers": ["127.0.0.1"]}
+    assert pod["hostAliases"] == [{"ip": PROXY_IP, "hostnames": [proxy_host]}]
+
+    # Egress only to the proxy's pods on the proxy's port (no DNS); no ingress. Every rule names
+    # its peers (namespace and pod labels, no address block) and its ports: an empty `to` or
+    # `ports` would mean everywhere or every port.
     spec = policy["spec"]
     assert spec["podSelector"] == {"matchLabels": {ROLLOUT_LABEL: name}}
     assert template["metadata"]["labels"][ROLLOUT_LABEL] == name  # the policy selects this pod
@@ -348,15 +364,6 @@ def _assert_hardened(
                 }
             ],
             "ports": [{"protocol": "TCP", "port": proxy_port}],
-        },
-        {
-            "to": [
-                {
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": s.dns_namespace}},
-                    "podSelector": {"matchLabels": dict(s.dns_pod_labels)},
-                }
-            ],
-            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
         },
     ]
     for rule in spec["egress"]:
@@ -445,11 +452,10 @@ async def test_a_rollout_runs_as_a_job_and_its_reward_is_read_from_the_pod(
     assert images["harness-install"] == "openforge/harness-codex:0.171.0"
     assert images[HARNESS_CONTAINER] == backend.sandbox_image(task) == "openforge/task-test-celsius-convert:latest"
     assert spec["template"]["spec"]["automountServiceAccountToken"] is False
-    # Egress only to the proxy's pods on its port, and DNS.
-    rules = policy["spec"]["egress"]
-    assert rules[0]["ports"] == [{"protocol": "TCP", "port": 8080}]
-    assert rules[0]["to"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "proxy"}}
-    assert {p["port"] for p in rules[1]["ports"]} == {53}
+    # Egress only to the proxy's pods on its port; its name resolved by the orchestrator.
+    (rule,) = policy["spec"]["egress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert rule["to"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "proxy"}}
     assert policy["spec"]["podSelector"] == {"matchLabels": {ROLLOUT_LABEL: name}}
     # Hardened, as sent to the API server.
     _assert_hardened(job, secret, policy, backend)
@@ -542,6 +548,32 @@ async def test_an_api_server_that_refuses_a_create_is_a_start_error(backend: Kub
     assert server.objects["batch/v1/jobs", NS, _created(server)[0]["metadata"]["name"]].deleted
 
 
+async def test_a_proxy_host_that_does_not_resolve_is_a_start_error_before_any_object(server: Any) -> None:
+    api = k8s_client.ApiClient(k8s_client.Configuration(host=str(server.url).rstrip("/")))
+    settings = KubernetesSandboxSettings(proxy_url="http://proxy.elsewhere.svc.cluster.local:8080")
+    backend = KubernetesBackend(settings, api_client=api, resolve=_fake_cluster_dns)
+    task = _task()
+    try:
+        with pytest.raises(SandboxStartError, match=r"proxy\.elsewhere\.svc\.cluster\.local.* does not resolve"):
+            await asyncio.wait_for(backend.execute(_plan(task, _launch("codex", task, backend))), 30)
+    finally:
+        await backend.close()
+    assert _created(server) == []
+
+
+async def test_a_proxy_url_with_an_address_needs_no_host_entry() -> None:
+    settings = KubernetesSandboxSettings(proxy_url="http://10.0.0.7:8080")
+    backend = KubernetesBackend(
+        settings, api_client=k8s_client.ApiClient(k8s_client.Configuration(host="http://unused"))
+    )
+    address = await backend.proxy_address()  # never resolved: an address already
+    task = _task()
+    job, _, policy = backend.manifests(_plan(task, _launch("codex", task, backend)), proxy_ip=address)
+    pod = job["spec"]["template"]["spec"]
+    assert address == "10.0.0.7" and "hostAliases" not in pod and pod["dnsPolicy"] == "None"
+    assert [rule["ports"] for rule in policy["spec"]["egress"]] == [[{"protocol": "TCP", "port": 8080}]]
+
+
 @pytest.mark.parametrize("harness", ["codex", "claude-code", "openclaw", "mini-swe-agent", "command", "oracle"])
 def test_every_object_validates_strictly_and_the_pod_is_hardened_for_every_harness_and_task(harness: str) -> None:
     backend = KubernetesBackend(
@@ -551,7 +583,7 @@ def test_every_object_validates_strictly_and_the_pod_is_hardened_for_every_harne
         for task_id in CATALOG.ids(task_set):
             task = CATALOG.get(task_set, task_id)
             launch = None if harness == "oracle" else _launch(harness, task, backend)
-            job, secret, policy = backend.manifests(_plan(task, launch))
+            job, secret, policy = backend.manifests(_plan(task, launch), proxy_ip=PROXY_IP)
             for obj in (job, secret, policy):
                 _validate(obj)
             _assert_hardened(job, secret, policy, backend)
@@ -601,7 +633,7 @@ def _run_container(container: dict[str, Any], volumes: dict[str, Path], secret: 
 
 
 async def _run_pod(tmp: Path, plan: ExecutionPlan, backend: KubernetesBackend) -> PodReport:
-    job, secret_obj, _ = backend.manifests(plan)
+    job, secret_obj, _ = backend.manifests(plan, proxy_ip=PROXY_IP)
     secret = {k: base64.b64decode(v) for k, v in secret_obj["data"].items()}
     spec = job["spec"]["template"]["spec"]
     volumes: dict[str, Path] = {}
@@ -677,7 +709,11 @@ async def test_the_service_builds_the_backend_from_its_settings_and_a_kubeconfig
     )
     settings = OrchestratorSettings(
         sandbox=SandboxSettings(
-            backend="kubernetes", kubernetes=KubernetesSandboxSettings(kubeconfig=str(kubeconfig), watch_timeout_s=2)
+            backend="kubernetes",
+            # an address: the orchestrator's own resolver would not know the cluster's names here
+            kubernetes=KubernetesSandboxSettings(
+                kubeconfig=str(kubeconfig), watch_timeout_s=2, proxy_url=f"http://{PROXY_IP}:8080"
+            ),
         )
     )
     backend = backend_from_settings(settings)

@@ -11,7 +11,10 @@ Objects (namespace ``settings.namespace``, ``deploy/k8s/base/rollouts``), all na
   harness's start script (its command line holds the instruction) and config files, and the
   task's ``tests/`` (and ``solution/`` for an oracle run);
 * a **NetworkPolicy** selecting only that pod: no ingress, egress only to the proxy's pods on
-  the proxy URL's port and to the cluster DNS on port 53.
+  the proxy URL's port. No DNS either: the orchestrator resolves the proxy URL's host when it
+  creates the Job and the pod gets that address in ``/etc/hosts`` (``hostAliases``), with
+  ``dnsPolicy: None`` and a loopback nameserver no one listens on, so every other name fails to
+  resolve at once and no query (a channel out of the sandbox) leaves the pod.
 
 The Secret and the NetworkPolicy are owned by the Job (``ownerReferences``), so deleting the Job
 (``propagationPolicy=Background``) removes them with its pod. The Job is resumed only once both
@@ -67,13 +70,15 @@ import base64
 import contextlib
 import functools
 import hashlib
+import ipaddress
 import re
 import secrets
 import shlex
+import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path, PurePosixPath
@@ -136,6 +141,8 @@ NEVER_STARTS = frozenset({"InvalidImageName", "ErrImageNeverPull", "CreateContai
 #: Waiting reasons of an image not pulled yet (fail once ``start_grace_s`` has passed).
 PULL_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff"})
 _TIMEOUT_CODES = (124, 137)
+#: The pod's only nameserver: its own loopback, where nothing listens (``dnsPolicy: None``).
+NO_NAMESERVER = "127.0.0.1"
 _B64 = "base64 | tr -d '\\n'"
 _NAME_CHARS = re.compile(r"[^a-z0-9-]+")
 
@@ -291,18 +298,27 @@ class KubernetesBackend:
         settings: The backend's settings.
         api_client: A ``kubernetes.client.ApiClient`` to use; None builds one from the settings
             (in-cluster service account or kubeconfig).
+        resolve: Resolves the proxy URL's host name to the address a pod reaches it at; None
+            uses the orchestrator's own resolver (``getaddrinfo``; the cluster DNS in a pod).
 
     Raises:
         ValueError: ``proxy_url`` is not an http(s) URL, or no cluster configuration was found.
     """
 
-    def __init__(self, settings: KubernetesSandboxSettings, api_client: Any = None) -> None:
+    def __init__(
+        self,
+        settings: KubernetesSandboxSettings,
+        api_client: Any = None,
+        resolve: Callable[[str], Awaitable[str]] | None = None,
+    ) -> None:
         self.settings = settings
         self.proxy_base_url = settings.proxy_url.rstrip("/")
         split = urlsplit(self.proxy_base_url)
         if split.scheme not in ("http", "https") or not split.hostname:
             raise ValueError(f"proxy_url must be an http(s) URL, got {settings.proxy_url!r}")
+        self._proxy_host = split.hostname
         self._proxy_port = split.port or (443 if split.scheme == "https" else 80)
+        self._resolve = resolve or _resolve
         if api_client is None:
             configuration = k8s.Configuration()
             try:
@@ -407,10 +423,11 @@ class KubernetesBackend:
         return data, env_keys, launch_keys, task_keys
 
     def manifests(
-        self, plan: ExecutionPlan, attempt: str = ""
+        self, plan: ExecutionPlan, attempt: str = "", *, proxy_ip: str
     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         """The Job (suspended, no owner), the Secret and the NetworkPolicy (owners set on creation),
-        all named :func:`job_name` ``(plan.rollout_id, attempt)``.
+        all named :func:`job_name` ``(plan.rollout_id, attempt)``; ``proxy_ip`` is the proxy URL
+        host's address (:meth:`proxy_address`), the only name the pod can resolve.
 
         Raises:
             InvalidTask: See :meth:`secret_data`; or the harness has no image in the settings.
@@ -582,6 +599,9 @@ class KubernetesBackend:
                             "fsGroup": s.run_as_user,
                             "seccompProfile": {"type": "RuntimeDefault"},
                         },
+                        "dnsPolicy": "None",
+                        "dnsConfig": {"nameservers": [NO_NAMESERVER]},
+                        **self._host_aliases(proxy_ip),
                         "initContainers": init,
                         "containers": [verifier],
                         "volumes": volumes,
@@ -616,19 +636,29 @@ class KubernetesBackend:
                         ],
                         "ports": [{"protocol": "TCP", "port": self._proxy_port}],
                     },
-                    {
-                        "to": [
-                            {
-                                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": s.dns_namespace}},
-                                "podSelector": {"matchLabels": dict(s.dns_pod_labels)},
-                            }
-                        ],
-                        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
-                    },
                 ],
             },
         }
         return job, secret, policy
+
+    def _host_aliases(self, proxy_ip: str) -> dict[str, Any]:
+        """The pod's ``/etc/hosts`` entry for the proxy URL's host (none for an address)."""
+        if _is_address(self._proxy_host):
+            return {}
+        return {"hostAliases": [{"ip": proxy_ip, "hostnames": [self._proxy_host]}]}
+
+    async def proxy_address(self) -> str:
+        """The address of the proxy URL's host, resolved now (a Service's ClusterIP can change).
+
+        Raises:
+            SandboxStartError: The host does not resolve (an infrastructure failure: retried).
+        """
+        if _is_address(self._proxy_host):
+            return self._proxy_host
+        try:
+            return await self._resolve(self._proxy_host)
+        except OSError as exc:
+            raise SandboxStartError(f"the proxy's host {self._proxy_host!r} does not resolve: {exc}") from exc
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -641,13 +671,14 @@ class KubernetesBackend:
         the result from the pod, deletes the Job.
 
         Raises:
-            SandboxStartError: An object could not be created, or the Job failed (deadline
-                exceeded, image pull, a killed container) or ended without a result.
+            SandboxStartError: The proxy's host does not resolve, an object could not be
+                created, or the Job failed (deadline exceeded, image pull, a killed container)
+                or ended without a result.
             InvalidTask: See :meth:`manifests`.
             asyncio.CancelledError: Cancelled; the Job was deleted.
         """
         t0 = time.time()
-        job, secret, policy = self.manifests(plan, secrets.token_hex(3))
+        job, secret, policy = self.manifests(plan, secrets.token_hex(3), proxy_ip=await self.proxy_address())
         name = job["metadata"]["name"]
         created = False
         try:
@@ -830,6 +861,26 @@ class KubernetesBackend:
             w.stop()
         await self._call(self._api.close)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+async def _resolve(host: str) -> str:
+    """The first address ``getaddrinfo`` gives for ``host`` (TCP).
+
+    Raises:
+        OSError: It does not resolve.
+    """
+    infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    if not infos:
+        raise OSError(f"no address for {host}")
+    return str(infos[0][4][0])
 
 
 def _outcome(job: Any) -> str:
