@@ -37,6 +37,9 @@ class Orchestrator(orchestrator_pb2_grpc.OrchestratorServiceServicer):
     async def CancelRollout(self, request: Any, context: Any) -> orchestrator_pb2.CancelRolloutResponse:
         raise NotImplementedError
 
+    async def CancelGroup(self, request: Any, context: Any) -> orchestrator_pb2.CancelGroupResponse:
+        raise NotImplementedError
+
     async def WatchRollouts(self, request: Any, context: Any) -> AsyncIterator[orchestrator_pb2.WatchRolloutsResponse]:
         for _ in range(2):
             yield orchestrator_pb2.WatchRolloutsResponse()

@@ -105,6 +105,7 @@ class FakeWorld:
         self.model_dir = model_dir
         self.requests: dict[str, list[str]] = {}
         self.submissions: list[tuple[str, int]] = []
+        self.cancelled: list[tuple[str, str]] = []  # (group id, reason) of CancelGroup calls
         self.weight_updates: list[tuple[str, int]] = []
         self.watch_cursors: list[str] = []
         self.completed: dict[str, list[Any]] = {}
@@ -131,6 +132,9 @@ class FakeWorld:
         async with self.changed:
             self.changed.notify_all()
         return ids
+
+    async def cancel_group(self, group_id: str, reason: str) -> None:
+        self.cancelled.append((group_id, reason))
 
     async def _run_group(self, run_id: str, gid: str, task: str, n: int, seq: int) -> Any:
         import asyncio

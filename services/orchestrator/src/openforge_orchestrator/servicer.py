@@ -77,3 +77,15 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
         require(request, "rollout_id")
         r = await self._scheduler.cancel(request.rollout_id, request.reason)
         return orchestrator_pb2.CancelRolloutResponse(rollout=rollout_to_proto(r))
+
+    async def CancelGroup(
+        self, request: orchestrator_pb2.CancelGroupRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> orchestrator_pb2.CancelGroupResponse:
+        """Cancels every rollout of a group that has not ended; idempotent on ended rollouts.
+
+        Errors: NOT_FOUND (unknown group); INVALID_ARGUMENT (missing or malformed id, overlong
+        reason).
+        """
+        require(request, "group_id")
+        rs = await self._scheduler.cancel_group(request.group_id, request.reason)
+        return orchestrator_pb2.CancelGroupResponse(rollouts=[rollout_to_proto(r) for r in rs])

@@ -36,8 +36,9 @@ class SchedulerSettings(SettingsSection):
             at once.
         retry_backoff_max_s: Longest wait between two attempts, seconds.
         drain_s: On SIGTERM, how long running rollouts get to finish (verifier, events) before
-            they are cancelled, seconds; rollouts still waiting for a slot are cancelled at once.
-            Keep it below the process's stop grace (``openforge down``, the pod's
+            they are cancelled, seconds; rollouts still waiting for a slot or for their policy
+            version are cancelled at once, and no new attempt starts (an infrastructure failure
+            is not retried). Keep it below the process's stop grace (``openforge down``, the pod's
             ``terminationGracePeriodSeconds``) minus ``grpc.graceful_shutdown_s``.
     """
 

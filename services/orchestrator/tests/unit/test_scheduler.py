@@ -1,8 +1,8 @@
 """Scheduler and executor with a fake sandbox backend and fake proxy sessions (test doubles).
 
 Checks the global and per-task concurrency limits, that only infrastructure failures are
-retried, how outcomes are classified (reward, timeout, bypass), the policy-version gate, and
-cancellation of waiting and running rollouts.
+retried, how outcomes are classified (reward, timeout, bypass), the policy-version gate,
+cancellation of waiting and running rollouts, and the drain of a stopping orchestrator.
 """
 
 from __future__ import annotations
@@ -170,9 +170,9 @@ def _stack(tmp_path: Path, names: list[str], **kw: Any) -> tuple[Scheduler, Roll
         sessions,
         _launch,
         kw.pop("policy", None),
-        ExecutionSettings(max_infra_attempts=3, policy_wait_s=0.3, policy_poll_s=0.05),
+        ExecutionSettings(max_infra_attempts=3, policy_wait_s=kw.pop("policy_wait_s", 0.3), policy_poll_s=0.05),
         manifests=kw.pop("manifests", None),
-        sleep=_recorded(backend.retry_waits),
+        sleep=kw.pop("sleep", None) or _recorded(backend.retry_waits),
         jitter=lambda: 1.0,
     )
     sched = Scheduler(
@@ -297,6 +297,29 @@ async def test_cancel_waiting_and_running(tmp_path: Path) -> None:
     assert (await sched.cancel(running.rollout_id, "again")).failure_reason == "stop"  # idempotent
 
 
+async def test_cancel_group_cancels_its_rollouts_waiting_or_running_and_nothing_else(tmp_path: Path) -> None:
+    from openforge_core.errors import NotFound
+
+    sched, reg, backend, _ = _stack(tmp_path, ["a", "sleep"], max_concurrent=1, max_per_task=1)
+    (finished,) = await _submit(sched, ["a"], request_id="f")
+    await _done(reg, [finished.rollout_id])
+    running, waiting = await _submit(sched, ["sleep"], n=2)
+    (other,) = await _submit(sched, ["sleep"], request_id="o")  # another group of the same task
+    await asyncio.sleep(0.1)
+    assert reg.get(running.rollout_id).status is RolloutStatus.RUNNING
+    rs = await sched.cancel_group(running.group_id, "not needed")
+    assert [r.rollout_id for r in rs] == [running.rollout_id, waiting.rollout_id]
+    assert {(r.status, r.failure_reason) for r in rs} == {(RolloutStatus.CANCELLED, "not needed")}
+    assert backend.attempts.get(waiting.rollout_id) is None  # never started
+    again = await sched.cancel_group(running.group_id, "again")  # idempotent
+    assert {r.failure_reason for r in again} == {"not needed"}
+    assert [r.status for r in await sched.cancel_group(finished.group_id, "late")] == [RolloutStatus.SUCCEEDED]
+    assert not reg.get(other.rollout_id).status.terminal
+    with pytest.raises(NotFound):
+        await sched.cancel_group("grp-unknown", "x")
+    await sched.close()
+
+
 async def test_drain_lets_running_rollouts_finish_and_cancels_waiting_ones(tmp_path: Path) -> None:
     from openforge_core.errors import Unavailable
     from openforge_orchestrator.domain.scheduler import CLOSING_REASON, STOPPING_REASON
@@ -336,6 +359,54 @@ async def test_a_submit_still_being_recorded_when_the_drain_begins_never_starts(
     created = await submit
     assert [r.status for r in created] == [RolloutStatus.CANCELLED] * 2
     assert {r.failure_reason for r in created} == {STOPPING_REASON} and backend.attempts == {}
+
+
+async def test_a_drain_starts_no_infrastructure_retry(tmp_path: Path) -> None:
+    from openforge_orchestrator.domain.execution import NOT_RETRIED
+
+    backoffs: list[float] = []
+
+    async def forever(seconds: float) -> None:  # a retry's backoff the drain must cut short
+        backoffs.append(seconds)
+        await asyncio.Event().wait()
+
+    sched, reg, backend, _ = _stack(tmp_path, ["flaky-start", "crash-first"], sleep=forever)
+    backend.gate.clear()
+    (backing_off,) = await _submit(sched, ["flaky-start"])
+    backend.gate.set()
+    await asyncio.sleep(0.1)
+    assert backoffs == [2.0] and reg.get(backing_off.rollout_id).status is RolloutStatus.RUNNING
+    backend.gate.clear()
+    (crashing,) = await _submit(sched, ["crash-first"], request_id="c")
+    await asyncio.sleep(0.1)
+    assert backend.attempts[crashing.rollout_id] == 1  # its first attempt is running
+    drain = asyncio.create_task(sched.drain(grace_s=30.0))
+    await asyncio.sleep(0.05)
+    backend.gate.set()  # the running attempt crashes before its first model call
+    await asyncio.wait_for(drain, timeout=5.0)  # nothing left to wait for: well within the grace
+    b, c = reg.get(backing_off.rollout_id), reg.get(crashing.rollout_id)
+    assert b.status is RolloutStatus.FAILED and b.attempts == 1 and b.reward is None
+    assert b.failure_reason == f"infrastructure: sandbox failed to start: no space left; {NOT_RETRIED}"
+    assert c.status is RolloutStatus.FAILED and c.attempts == 1 and c.harness_exit_code == 1
+    assert c.failure_reason == f"infrastructure: harness exited 1 before its first model call; {NOT_RETRIED}"
+    assert backend.attempts == {backing_off.rollout_id: 1, crashing.rollout_id: 1} and backoffs == [2.0]
+
+
+async def test_a_drain_ends_the_wait_for_a_policy_version_like_a_waiting_rollout(tmp_path: Path) -> None:
+    from openforge_orchestrator.domain.scheduler import STOPPING_REASON
+
+    policy = FakePolicy(2)
+    sched, reg, backend, events = _stack(tmp_path, ["a"], policy=policy, policy_wait_s=600.0)
+    (gated,) = await _submit(sched, ["a"], min_policy_version=3)
+    await asyncio.sleep(0.1)
+    assert sched.running == 1 and reg.get(gated.rollout_id).status is RolloutStatus.PENDING
+    await asyncio.wait_for(sched.drain(grace_s=30.0), timeout=5.0)
+    g = reg.get(gated.rollout_id)
+    assert g.status is RolloutStatus.CANCELLED and g.failure_reason == STOPPING_REASON
+    assert backend.attempts == {} and [k for k, _ in events.log] == ["submitted", "finished"]  # never started
+    policy.version = 3
+    await sched.close()
+    assert reg.get(gated.rollout_id).status is RolloutStatus.CANCELLED
 
 
 async def test_unknown_task_is_refused_at_submit(tmp_path: Path) -> None:

@@ -52,6 +52,12 @@ class FakeOrchestrator(orchestrator_pb2_grpc.OrchestratorServiceServicer):
         ]
         return orchestrator_pb2.SubmitRolloutsResponse(rollouts=rollouts)
 
+    async def CancelGroup(
+        self, request: orchestrator_pb2.CancelGroupRequest, context: Any
+    ) -> orchestrator_pb2.CancelGroupResponse:
+        await self.world.cancel_group(request.group_id, request.reason)
+        return orchestrator_pb2.CancelGroupResponse()
+
 
 class FakeStore(trajectory_pb2_grpc.TrajectoryServiceServicer):
     def __init__(self, world: Any) -> None:

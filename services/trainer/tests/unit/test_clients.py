@@ -23,6 +23,7 @@ class RecordingOrchestrator(orchestrator_pb2_grpc.OrchestratorServiceServicer):
 
     def __init__(self) -> None:
         self.requests: list[orchestrator_pb2.SubmitRolloutsRequest] = []
+        self.cancels: list[orchestrator_pb2.CancelGroupRequest] = []
 
     async def SubmitRollouts(
         self, request: orchestrator_pb2.SubmitRolloutsRequest, context: Any
@@ -35,6 +36,14 @@ class RecordingOrchestrator(orchestrator_pb2_grpc.OrchestratorServiceServicer):
                 for i in range(request.group_size)
             ]
         )
+
+    async def CancelGroup(
+        self, request: orchestrator_pb2.CancelGroupRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> orchestrator_pb2.CancelGroupResponse:
+        self.cancels.append(request)
+        if request.group_id == "g-lost":
+            await context.abort(grpc.StatusCode.NOT_FOUND, "no group 'g-lost'")
+        return orchestrator_pb2.CancelGroupResponse()
 
 
 @pytest.fixture
@@ -108,6 +117,19 @@ async def test_the_default_temperature_is_still_enforced(orchestrator: tuple[Rec
     assert req.sampling.HasField("temperature") and req.sampling.temperature == 1.0
     assert req.sampling.max_tokens == 0
     assert not req.HasField("limits") and list(req.command) == []
+
+
+async def test_cancel_group_sends_the_reason_and_a_group_the_orchestrator_lost_is_nothing_to_cancel(
+    orchestrator: tuple[RecordingOrchestrator, str],
+) -> None:
+    servicer, target = orchestrator
+    client = OrchestratorClient(target, timeout_s=5)
+    try:
+        await client.cancel_group("g-a", "not needed")
+        await client.cancel_group("g-lost", "not needed")  # NOT_FOUND: no error
+    finally:
+        await client.close()
+    assert [(r.group_id, r.reason) for r in servicer.cancels] == [("g-a", "not needed"), ("g-lost", "not needed")]
 
 
 @pytest.mark.parametrize(

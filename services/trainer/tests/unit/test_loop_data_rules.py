@@ -65,6 +65,7 @@ class ScriptedWorld:
         self.default = default
         self.requests: list[RolloutRequest] = []
         self.completed: list[CompletedGroup] = []
+        self.cancelled: list[tuple[str, str]] = []  # (group id, reason) of CancelGroup calls
         self.changed = asyncio.Condition()
         self.version = 0
 
@@ -80,6 +81,9 @@ class ScriptedWorld:
         async with self.changed:
             self.changed.notify_all()
         return ids
+
+    async def cancel_group(self, group_id: str, reason: str) -> None:
+        self.cancelled.append((group_id, reason))
 
     def message(self, gid: str, task: str, spec: list[R], seq: int) -> trajectory_pb2.WatchCompletedGroupsResponse:
         """The store's message of one group (``Sample.reward`` left unset without a reward)."""
@@ -248,6 +252,24 @@ async def test_with_only_zero_variance_groups_the_step_trains_on_them(refills: i
     assert metrics["groups/zero_variance_dropped"] == 0.0
     assert metrics["groups/zero_variance_fraction"] == 1.0
     assert world.refilled_groups == refills
+
+
+async def test_groups_requested_but_never_trained_on_are_cancelled_once_the_run_completes() -> None:
+    """The refill asked for g3 in place of g1, then g2 ended the step: no step will take g3."""
+    from openforge_trainer.domain.loop import UNNEEDED_REASON
+
+    world = ScriptedWorld([], default=ok(1.0, 1.0))
+    [batch], _ = await run_loop(
+        world, groups_per_step=2, tasks=["a", "b"], drop_zero_variance_groups=True, max_zero_variance_refills=1
+    )
+    assert trained_groups(batch) == ["g1", "g2"] and world.refilled_groups == 1
+    assert world.cancelled == [("g3", UNNEEDED_REASON)]
+
+
+async def test_a_run_that_consumed_every_group_it_requested_cancels_nothing() -> None:
+    world = ScriptedWorld([], default=ok(1.0, 0.0))
+    await run_loop(world, groups_per_step=2, tasks=["a", "b"], steps=2, max_staleness=1)
+    assert world.cancelled == []
 
 
 # ---- the shuffled-rewards negative control ----

@@ -38,6 +38,7 @@ class RestartingWorld:
         self.held: set[str] = set()  # groups that do not complete (still running)
         self.task_counts: list[tuple[str, int]] = []  # (request id, tasks asked for)
         self.run_of: dict[str, str] = {}  # group id -> run id
+        self.cancelled: list[str] = []  # groups cancelled
         self._seq = 0
 
     async def submit(self, request: RolloutRequest) -> list[str]:
@@ -55,6 +56,9 @@ class RestartingWorld:
         self.requests[request.request_id] = ids
         await self._advance()
         return ids
+
+    async def cancel_group(self, group_id: str, reason: str) -> None:
+        self.cancelled.append(group_id)
 
     async def _advance(self) -> None:
         if self.frozen:
@@ -235,3 +239,18 @@ async def test_a_mid_run_evaluation_whose_group_an_orchestrator_lost_is_asked_ag
     made = [(g.group_id, g.task_id) for g in world.completed if world.run_of[g.group_id] != "run"]
     assert made == [("g3", "x"), ("g5", "y")]  # y made anew, x not run twice
     assert metrics[0]["eval/reward/mean"] == 0.5  # both tasks' groups (rewards 0 and 1 each)
+
+
+async def test_a_run_stopped_early_keeps_its_pending_groups_for_its_resume() -> None:
+    world = RestartingWorld()
+    world.frozen = True  # step 1's groups are still running
+    loop = _loop(world, MemoryCheckpoints(), [], steps=2)
+    stop = asyncio.Event()
+    run = asyncio.ensure_future(loop.run(stop))
+    for _ in range(200):
+        if world.running:
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    assert await asyncio.wait_for(run, timeout=5) is False
+    assert world.running and world.cancelled == []

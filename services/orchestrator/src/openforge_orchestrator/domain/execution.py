@@ -14,6 +14,12 @@ Outcomes (``RolloutFinished``):
   so it is never trained on as a plain failure;
 * CANCELLED by ``CancelRollout``: the sandbox is stopped, the session closed, the calls kept.
 
+A stopping orchestrator (:meth:`RolloutExecutor.drain`) starts no new attempt: a rollout still
+waiting for its policy version ends CANCELLED as one that never started
+(:data:`STOPPING_REASON`), and one whose attempt failed for infrastructure reasons ends FAILED
+at once, its reason the usual ``infrastructure: ...`` one followed by :data:`NOT_RETRIED` (a
+retry's backoff is cut short too).
+
 The first launch of a run in this process completes the run's manifest
 (:mod:`~openforge_orchestrator.domain.manifest`): once its session reported what the proxy serves
 with (it does once the proxy has loaded the model; until then the next launch tries again).
@@ -53,6 +59,11 @@ LOG_FAILED = "rollout.failed"
 LOG_MANIFEST_FAILED = "run.manifest_failed"
 
 NO_PROXY_CALL = "no model call went through the proxy"
+#: Cancel reason of a rollout that had not started when its orchestrator stopped.
+STOPPING_REASON = "the orchestrator stopped before the rollout started"
+#: Appended to the ``infrastructure: ...`` failure reason of a rollout not retried because its
+#: orchestrator was stopping.
+NOT_RETRIED = "not retried: the orchestrator is stopping"
 OTHER_DESTINATIONS = "tried other network destinations: "
 
 
@@ -177,6 +188,13 @@ class RolloutExecutor:
         #: Runs whose manifest this process completed; the lock lets one launch complete it.
         self._manifested: set[str] = set()
         self._manifest_lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+
+    def drain(self) -> None:
+        """Starts no new attempt from now on (the orchestrator is stopping): rollouts waiting for
+        their policy version end CANCELLED, infrastructure failures are no longer retried. Running
+        attempts go on."""
+        self._stopping.set()
 
     async def run(self, rollout_id: str) -> Rollout:
         """Runs the rollout; returns it terminal. Cancelling ends it CANCELLED (then re-raises)."""
@@ -188,7 +206,10 @@ class RolloutExecutor:
                 task = self._tasks.get(rollout.task_set, rollout.task_id)
             except OpenForgeError as exc:
                 return await self._fail(rollout_id, f"task: {exc.message}")
-            if not await self._policy_ready(rollout):
+            ready = await self._policy_ready(rollout)
+            if ready is None:
+                return await self._registry.finish(rollout_id, RolloutStatus.CANCELLED, failure_reason=STOPPING_REASON)
+            if not ready:
                 return await self._fail(
                     rollout_id,
                     f"policy version {rollout.min_policy_version} not served within {self._settings.policy_wait_s:g}s",
@@ -196,7 +217,11 @@ class RolloutExecutor:
             last_error = ""
             for attempt in range(1, self._settings.max_infra_attempts + 1):
                 if attempt > 1:  # an infrastructure retry: let a restarting service come back
-                    await self._sleep(self._settings.retry_delay(attempt - 1, self._jitter()))
+                    delay = self._settings.retry_delay(attempt - 1, self._jitter())
+                    if self._stopping.is_set() or not await self._unless_stopping(self._sleep(delay)):
+                        return await self._fail(
+                            rollout_id, f"infrastructure: {last_error}; {NOT_RETRIED}", attempts=attempt - 1
+                        )
                 log.info(LOG_ATTEMPT, rollout_id=rollout_id, attempt=attempt)
                 try:
                     result, calls = await self._attempt(rollout, task, attempt)
@@ -211,11 +236,12 @@ class RolloutExecutor:
                 except OpenForgeError as exc:
                     return await self._fail(rollout_id, f"harness: {exc.message}", attempts=attempt)
                 crashed = not result.timed_out and result.exit_code not in (0, None) and calls == 0
-                if crashed and attempt < self._settings.max_infra_attempts and not result.blocked_destinations:
+                retry = crashed and attempt < self._settings.max_infra_attempts and not result.blocked_destinations
+                if retry and not self._stopping.is_set():
                     last_error = f"harness exited {result.exit_code} before its first model call"
                     log.warning(LOG_RETRY, rollout_id=rollout_id, attempt=attempt, reason=last_error)
                     continue
-                return await self._finish(rollout_id, task, result, calls, attempt, crashed)
+                return await self._finish(rollout_id, task, result, calls, attempt, crashed, not_retried=retry)
             return await self._fail(
                 rollout_id, f"infrastructure: {last_error}", attempts=self._settings.max_infra_attempts
             )
@@ -236,11 +262,15 @@ class RolloutExecutor:
         """The recorded cancel reason (forgotten afterwards); ``"cancelled"`` when none."""
         return self._cancel_reasons.pop(rollout_id, "cancelled")
 
-    async def _policy_ready(self, rollout: Rollout) -> bool:
+    async def _policy_ready(self, rollout: Rollout) -> bool | None:
+        """Waits for the rollout's policy version: True once served, False after
+        ``policy_wait_s``, None when the orchestrator began stopping meanwhile."""
         if self._policy is None or rollout.min_policy_version <= 0:
             return True
         deadline = self._clock() + self._settings.policy_wait_s
         while True:
+            if self._stopping.is_set():
+                return None
             try:
                 if await self._policy.current() >= rollout.min_policy_version:
                     return True
@@ -248,7 +278,23 @@ class RolloutExecutor:
                 pass
             if self._clock() >= deadline:
                 return False
-            await asyncio.sleep(self._settings.policy_poll_s)
+            await self._unless_stopping(asyncio.sleep(self._settings.policy_poll_s))
+
+    async def _unless_stopping(self, wait: Awaitable[None]) -> bool:
+        """Awaits ``wait`` unless :meth:`drain` is called first (then cancels it).
+
+        Returns:
+            True when ``wait`` ended, False when the drain began first.
+        """
+        waiting = asyncio.ensure_future(wait)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (waiting, stopping):
+                t.cancel()
+            await asyncio.gather(waiting, stopping, return_exceptions=True)
+        return not self._stopping.is_set()
 
     async def _attempt(self, rollout: Rollout, task: Task, attempt: int) -> tuple[ExecutionResult, int]:
         timeout_s = rollout.timeout_s or task.agent_timeout_s
@@ -314,7 +360,15 @@ class RolloutExecutor:
             self._manifested.add(run_id)
 
     async def _finish(
-        self, rollout_id: str, task: Task, result: ExecutionResult, calls: int, attempts: int, crashed: bool
+        self,
+        rollout_id: str,
+        task: Task,
+        result: ExecutionResult,
+        calls: int,
+        attempts: int,
+        crashed: bool,
+        *,
+        not_retried: bool = False,
     ) -> Rollout:
         common = {
             "calls": calls,
@@ -339,9 +393,8 @@ class RolloutExecutor:
                 rollout_id, status, bypass_reason=bypass, failure_reason=f"bypass: {bypass}", **common
             )
         if crashed:
-            return await self._fail(
-                rollout_id, f"infrastructure: harness exited {result.exit_code} before its first model call", **common
-            )
+            reason = f"infrastructure: harness exited {result.exit_code} before its first model call"
+            return await self._fail(rollout_id, f"{reason}; {NOT_RETRIED}" if not_retried else reason, **common)
         reward = result.reward.value if result.reward is not None else None
         if result.timed_out:
             reason = f"harness timed out after {result.harness_s:.0f}s"

@@ -169,6 +169,7 @@ class RolloutRegistry:
         self._clock = clock
         self._rollouts: dict[str, Rollout] = {}
         self._by_request: dict[str, list[str]] = {}
+        self._by_group: dict[str, list[str]] = {}
         self._watchers: set[asyncio.Queue[Rollout]] = set()
 
     async def submit(
@@ -246,6 +247,7 @@ class RolloutRegistry:
         await self._events.submitted(request_id, created)
         for r in created:
             self._rollouts[r.rollout_id] = r
+            self._by_group.setdefault(r.group_id, []).append(r.rollout_id)
             self._notify(r)
         self._by_request[request_id] = [r.rollout_id for r in created]
         return created
@@ -260,6 +262,17 @@ class RolloutRegistry:
             return self._rollouts[rollout_id]
         except KeyError:
             raise NotFound(f"no rollout {rollout_id!r}", metadata={"rollout_id": rollout_id}) from None
+
+    def group(self, group_id: str) -> list[Rollout]:
+        """The rollouts of one group, in group index order.
+
+        Raises:
+            NotFound: No rollout of that group (unknown here, or submitted before a restart).
+        """
+        ids = self._by_group.get(group_id)
+        if not ids:
+            raise NotFound(f"no group {group_id!r}", metadata={"group_id": group_id})
+        return [self._rollouts[i] for i in ids]
 
     async def cancel(self, rollout_id: str, reason: str) -> Rollout:
         """Cancels a rollout that has not ended; idempotent on ended rollouts.

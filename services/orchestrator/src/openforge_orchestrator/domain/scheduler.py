@@ -3,9 +3,12 @@
 ``submit`` accepts rollouts (the registry) and starts one asyncio task per new rollout; the task
 waits for a slot of its task (``max_per_task``), then for a global slot (``max_concurrent``), in
 that order so that a rollout waiting for its task's slot never holds a global one. Slots are
-FIFO. ``cancel`` cancels the rollout's task whether it waits or runs; the executor ends it
-CANCELLED. ``drain`` refuses new rollouts, cancels those still waiting and gives the running ones
-a grace period to finish (a stopping orchestrator); ``close`` cancels everything still running.
+FIFO. ``cancel`` cancels the rollout's task whether it waits or runs (``cancel_group`` every
+rollout of a group); the executor ends it CANCELLED. ``drain`` refuses new rollouts, cancels those
+still waiting and gives the running ones a grace period to finish (a stopping orchestrator)
+without starting any new attempt of theirs (see :meth:`RolloutExecutor.drain`: one waiting for its
+policy version is cancelled like a waiting one, an infrastructure failure is not retried);
+``close`` cancels everything still running.
 """
 
 from __future__ import annotations
@@ -18,14 +21,14 @@ from typing import Any
 import structlog
 
 from openforge_core.errors import Unavailable
-from openforge_orchestrator.domain.execution import RolloutExecutor
+from openforge_orchestrator.domain.execution import STOPPING_REASON, RolloutExecutor
 from openforge_orchestrator.domain.rollouts import Rollout, RolloutRegistry, RolloutStatus, TaskRef
 
 log = structlog.get_logger(__name__)
 
 LOG_CRASHED = "scheduler.rollout_crashed"
-#: Cancel reason of a rollout that had not started when its orchestrator stopped.
-STOPPING_REASON = "the orchestrator stopped before the rollout started"
+__all__ = ["CLOSING_REASON", "LOG_CRASHED", "STOPPING_REASON", "Scheduler"]
+
 #: Cancel reason of a rollout still running when its orchestrator closed.
 CLOSING_REASON = "the orchestrator stopped while the rollout ran"
 
@@ -133,12 +136,29 @@ class Scheduler:
             await task
         return self._registry.get(rollout_id)
 
+    async def cancel_group(self, group_id: str, reason: str) -> list[Rollout]:
+        """Cancels every rollout of a group that has not ended (see :meth:`cancel`), at once.
+        Idempotent.
+
+        Returns:
+            The group's rollouts afterwards, in group index order.
+
+        Raises:
+            NotFound: Unknown group id.
+        """
+        rollouts = self._registry.group(group_id)
+        await asyncio.gather(*(self.cancel(r.rollout_id, reason) for r in rollouts if not r.status.terminal))
+        return [self._registry.get(r.rollout_id) for r in rollouts]
+
     async def drain(self, grace_s: float) -> None:
         """Refuses new rollouts, cancels the ones still waiting for a slot (CANCELLED, never
         started) and waits up to ``grace_s`` seconds for the running ones to end as they would
-        (verifier reward, events published). What is still running after that is left to
-        :meth:`close`."""
+        (verifier reward, events published). No running rollout starts another attempt: one still
+        waiting for its policy version ends CANCELLED (:data:`STOPPING_REASON`), one whose attempt
+        failed for infrastructure reasons ends FAILED without a retry. What is still running
+        after that is left to :meth:`close`."""
         self._draining = True
+        self._executor.drain()
         waiting = [rid for rid in self._tasks if rid not in self._started]
         for rid in waiting:
             self._executor.note_cancel(rid, STOPPING_REASON)

@@ -1,7 +1,8 @@
 """gRPC clients of the orchestrator, the trajectory store and inference (proto ↔ domain here).
 
 Every unary call has a deadline; only idempotent methods are retried (SubmitRollouts and
-UpdateWeights carry ``request_id``; the store's methods are reads). The completed-groups watch
+UpdateWeights carry ``request_id``; CancelGroup leaves ended rollouts as they are; the store's
+methods are reads). The completed-groups watch
 reconnects after a transient failure from the cursor of the last group it delivered, so the
 caller sees no repeat and no gap.
 """
@@ -100,7 +101,7 @@ def exclusion_reason(rollout: common_pb2.Rollout) -> ExclusionReason:
 
 
 class OrchestratorClient:
-    """``SubmitRollouts`` on the orchestrator.
+    """``SubmitRollouts`` and ``CancelGroup`` on the orchestrator.
 
     Args:
         target: ``host:port``.
@@ -111,7 +112,10 @@ class OrchestratorClient:
 
     def __init__(self, target: str, timeout_s: float = 30.0) -> None:
         self._channel = open_channel(
-            target, service=self.SERVICE, idempotent_methods=["SubmitRollouts"], default_timeout_s=timeout_s
+            target,
+            service=self.SERVICE,
+            idempotent_methods=["SubmitRollouts", "CancelGroup"],
+            default_timeout_s=timeout_s,
         )
         self._stub = orchestrator_pb2_grpc.OrchestratorServiceStub(self._channel)
 
@@ -142,6 +146,19 @@ class OrchestratorClient:
             msg.timeout.CopyFrom(Duration(seconds=int(request.timeout_s), nanos=int(request.timeout_s % 1 * 1e9)))
         resp = await self._stub.SubmitRollouts(msg)
         return _unique(r.group_id for r in resp.rollouts)
+
+    async def cancel_group(self, group_id: str, reason: str) -> None:
+        """Cancels the group's rollouts that have not ended (idempotent); a group the orchestrator
+        does not know (NOT_FOUND: it restarted since) is nothing to cancel.
+
+        Raises:
+            grpc.aio.AioRpcError: Any other error, once the retries are spent.
+        """
+        try:
+            await self._stub.CancelGroup(orchestrator_pb2.CancelGroupRequest(group_id=group_id, reason=reason))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise
 
     async def close(self) -> None:
         """Closes the channel."""

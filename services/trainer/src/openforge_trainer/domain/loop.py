@@ -12,8 +12,12 @@ Only rollouts with a verifier reward reach the backend: a group's rollouts witho
 (``rollouts/excluded/<reason>``) over every group the step consumed, so over a run each is
 counted once.
 
-Rollouts in flight are never aborted: a weight update only changes the version that samples
-their next tokens, and their samples are judged by the staleness bound when they arrive.
+Rollouts in flight are never aborted during a run: a weight update only changes the version that
+samples their next tokens, and their samples are judged by the staleness bound when they arrive.
+Once the run completes, the groups it requested but never consumed (refills and groups of the last
+steps still running, which no step will train on) are cancelled on the orchestrator
+(:data:`UNNEEDED_REASON`), so they hold no sandbox and no engine time after the run, and a
+stopping orchestrator has none to wait for. A run that stops early keeps them for its resume.
 
 Resume: every step ends with a checkpoint holding the store cursor of the last group it consumed
 and the ids of groups requested but not consumed. A restarted loop loads the newest checkpoint,
@@ -77,6 +81,9 @@ log = structlog.get_logger(__name__)
 #: for more: every rollout ended before its first model call, which retrying cannot fix (a harness
 #: that crashes at start, a sandbox that cannot start, a proxy the harness cannot reach).
 MAX_EMPTY_GROUPS_IN_A_ROW = 16
+
+#: Cancel reason of the rollouts of a group the run requested but no longer needs (it completed).
+UNNEEDED_REASON = "the run completed before the rollout's group was needed"
 
 BackendFactory = Callable[[RunConfig], "TrainerBackend"]
 
@@ -298,6 +305,7 @@ class TrainingLoop:
                         return False
             finally:
                 await feed.close()
+            await self._cancel_unneeded()
             return True
         finally:
             await asyncio.to_thread(backend.close)
@@ -430,6 +438,20 @@ class TrainingLoop:
         st.pending_groups = sorted(set(st.pending_groups) | set(ids))
         st.requests[key] = ids
         log.info("run.groups_refilled", run_id=self.run_id, groups=missing, refill=st.refills)
+
+    async def _cancel_unneeded(self) -> None:
+        """Cancels the groups still pending once the run completed (see the module docstring).
+        Never raises: a group left running only costs the orchestrator time."""
+        leftover = list(self.state.pending_groups)
+        if not leftover:
+            return
+        results = await asyncio.gather(
+            *(self.deps.submitter.cancel_group(g, UNNEEDED_REASON) for g in leftover), return_exceptions=True
+        )
+        failed = {g: repr(r) for g, r in zip(leftover, results, strict=True) if isinstance(r, BaseException)}
+        log.info("run.unneeded_groups_cancelled", run_id=self.run_id, groups=len(leftover) - len(failed))
+        if failed:
+            log.warning("run.unneeded_groups_not_cancelled", run_id=self.run_id, errors=failed)
 
     async def _check_serving(self) -> None:
         """Pushes the latest checkpoint again when inference serves an older policy version (it

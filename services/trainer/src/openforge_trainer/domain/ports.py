@@ -54,6 +54,11 @@ class RolloutSubmitter(Protocol):
     async def submit(self, request: RolloutRequest) -> list[str]:
         """Requests the groups; returns their group ids (in task order)."""
 
+    async def cancel_group(self, group_id: str, reason: str) -> None:
+        """Cancels the group's rollouts that have not ended, ``reason`` recorded as their failure
+        reason (idempotent); a group the orchestrator does not hold (it restarted) is nothing to
+        cancel."""
+
 
 class GroupSource(Protocol):
     """The trajectory store's completed groups."""

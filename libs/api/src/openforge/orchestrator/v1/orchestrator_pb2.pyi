@@ -326,3 +326,53 @@ class CancelRolloutResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelRolloutResponse: _TypeAlias = CancelRolloutResponse  # noqa: Y015
+
+@_typing.final
+class CancelGroupRequest(_message.Message):
+    """Cancel the rollouts of one group."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    """The group (SubmitRolloutsResponse's Rollout.group_id)."""
+    reason: _builtins.str
+    """Why, recorded as failure_reason of each rollout cancelled."""
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelGroupRequest: _TypeAlias = CancelGroupRequest  # noqa: Y015
+
+@_typing.final
+class CancelGroupResponse(_message.Message):
+    """The group's rollouts after cancelling."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLLOUTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rollouts(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Rollout]:
+        """Every rollout of the group, in group_index order."""
+
+    def __init__(
+        self,
+        *,
+        rollouts: _abc.Iterable[_common_pb2.Rollout] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rollouts", b"rollouts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelGroupResponse: _TypeAlias = CancelGroupResponse  # noqa: Y015

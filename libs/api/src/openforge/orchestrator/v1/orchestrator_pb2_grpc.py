@@ -56,6 +56,11 @@ class OrchestratorServiceStub:
                 request_serializer=openforge_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelRolloutRequest.SerializeToString,
                 response_deserializer=openforge_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelRolloutResponse.FromString,
                 _registered_method=True)
+        self.CancelGroup = channel.unary_unary(
+                '/openforge.orchestrator.v1.OrchestratorService/CancelGroup',
+                request_serializer=openforge_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelGroupRequest.SerializeToString,
+                response_deserializer=openforge_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelGroupResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServiceServicer:
@@ -97,6 +102,16 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelGroup(self, request, context):
+        """Cancels every rollout of a group that has not ended, as CancelRollout
+        does for one (a trainer's group it will not train on). Idempotent: the
+        rollouts already ended are returned unchanged.
+        Errors: NOT_FOUND (no rollout of that group here).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -119,6 +134,11 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.CancelRollout,
                     request_deserializer=openforge_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelRolloutRequest.FromString,
                     response_serializer=openforge_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelRolloutResponse.SerializeToString,
+            ),
+            'CancelGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelGroup,
+                    request_deserializer=openforge_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelGroupRequest.FromString,
+                    response_serializer=openforge_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -231,6 +251,33 @@ class OrchestratorService:
             '/openforge.orchestrator.v1.OrchestratorService/CancelRollout',
             openforge_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelRolloutRequest.SerializeToString,
             openforge_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelRolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/openforge.orchestrator.v1.OrchestratorService/CancelGroup',
+            openforge_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelGroupRequest.SerializeToString,
+            openforge_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

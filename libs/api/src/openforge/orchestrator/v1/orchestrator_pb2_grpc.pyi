@@ -52,6 +52,12 @@ class OrchestratorServiceStub:
     Idempotent: cancelling a finished rollout returns it unchanged.
     Errors: NOT_FOUND.
     """
+    CancelGroup: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.CancelGroupRequest, _orchestrator_pb2.CancelGroupResponse]
+    """Cancels every rollout of a group that has not ended, as CancelRollout
+    does for one (a trainer's group it will not train on). Idempotent: the
+    rollouts already ended are returned unchanged.
+    Errors: NOT_FOUND (no rollout of that group here).
+    """
 
 @_typing.type_check_only
 class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
@@ -76,6 +82,12 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     """Cancels a rollout: stops its sandbox, keeps its partial traces.
     Idempotent: cancelling a finished rollout returns it unchanged.
     Errors: NOT_FOUND.
+    """
+    CancelGroup: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.CancelGroupRequest, _orchestrator_pb2.CancelGroupResponse]  # type: ignore[assignment]
+    """Cancels every rollout of a group that has not ended, as CancelRollout
+    does for one (a trainer's group it will not train on). Idempotent: the
+    rollouts already ended are returned unchanged.
+    Errors: NOT_FOUND (no rollout of that group here).
     """
 
 class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -122,6 +134,18 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         """Cancels a rollout: stops its sandbox, keeps its partial traces.
         Idempotent: cancelling a finished rollout returns it unchanged.
         Errors: NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def CancelGroup(
+        self,
+        request: _orchestrator_pb2.CancelGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.CancelGroupResponse, _abc.Awaitable[_orchestrator_pb2.CancelGroupResponse]]:
+        """Cancels every rollout of a group that has not ended, as CancelRollout
+        does for one (a trainer's group it will not train on). Idempotent: the
+        rollouts already ended are returned unchanged.
+        Errors: NOT_FOUND (no rollout of that group here).
         """
 
 def add_OrchestratorServiceServicer_to_server(servicer: OrchestratorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
