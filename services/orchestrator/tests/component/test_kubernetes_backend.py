@@ -36,6 +36,7 @@ from kubernetes import client as k8s_client
 from openforge_orchestrator.app import backend_from_settings, launches_from_settings
 from openforge_orchestrator.backends.kubernetes import (
     HARNESS_CONTAINER,
+    ROLLOUT_ID_ANNOTATION,
     ROLLOUT_LABEL,
     VERIFIER_CONTAINER,
     KubernetesBackend,
@@ -43,7 +44,8 @@ from openforge_orchestrator.backends.kubernetes import (
     job_name,
 )
 from openforge_orchestrator.backends.local import LocalBackend
-from openforge_orchestrator.domain.rollouts import Rollout, RolloutStatus
+from openforge_orchestrator.domain.execution import ExecutionSettings, OpenedSession, RolloutExecutor
+from openforge_orchestrator.domain.rollouts import Rollout, RolloutRegistry, RolloutStatus, TaskRef
 from openforge_orchestrator.domain.sandbox import ExecutionPlan, HarnessLaunch, SandboxStartError
 from openforge_orchestrator.domain.tasks import Task, TaskCatalog
 from openforge_orchestrator.harnesses import LaunchContext, adapter
@@ -107,18 +109,23 @@ class FakeJobController:
         outcome: ``"Complete"``, ``"Failed"`` or ``""`` (the Job never finishes).
         message: The verifier's termination message (None: the verifier never ran).
         waiting: A waiting reason of the harness container (e.g. ``ImagePullBackOff``).
+        skip: Names of Jobs another controller handled (an earlier attempt's).
     """
 
-    def __init__(self, server: Any, outcome: str, message: str | None, waiting: str = "") -> None:
+    def __init__(
+        self, server: Any, outcome: str, message: str | None, waiting: str = "", skip: frozenset[str] = frozenset()
+    ) -> None:
         self.server = server
         self.outcome = outcome
         self.message = message
         self.waiting = waiting
+        self.skip = skip
         self.resumed = asyncio.Event()
+        self.job: dict[str, Any] = {}
 
     async def run(self) -> None:
         async with aiohttp.ClientSession(base_url=str(self.server.url)) as http:
-            job = await self._wait_resumed(http)
+            job = self.job = await self._wait_resumed(http)
             self.resumed.set()
             name = job["metadata"]["name"]
             pod = self._pod(job)
@@ -148,7 +155,7 @@ class FakeJobController:
             async with http.get(JOBS) as resp:
                 if resp.status == 200:
                     for job in (await resp.json())["items"]:
-                        if job["spec"].get("suspend") is False:
+                        if job["spec"].get("suspend") is False and job["metadata"]["name"] not in self.skip:
                             return dict(job)
             await asyncio.sleep(0.02)
         raise AssertionError("the backend never resumed its Job")
@@ -216,11 +223,11 @@ def _task(task_id: str = "celsius-convert") -> Task:
     return CATALOG.get("test", task_id)
 
 
-def _launch(harness: str, task: Task, backend: KubernetesBackend) -> HarnessLaunch:
+def _launch(harness: str, task: Task, backend: KubernetesBackend, key: str = KEY) -> HarnessLaunch:
     ctx = LaunchContext(
         instruction=task.instruction,
         base_url=backend.proxy_base_url,
-        api_key=KEY,
+        api_key=key,
         model="policy",
         workdir=task.environment.workdir,
         timeout_s=120,
@@ -572,6 +579,85 @@ async def test_a_proxy_url_with_an_address_needs_no_host_entry() -> None:
     pod = job["spec"]["template"]["spec"]
     assert address == "10.0.0.7" and "hostAliases" not in pod and pod["dnsPolicy"] == "None"
     assert [rule["ports"] for rule in policy["spec"]["egress"]] == [[{"protocol": "TCP", "port": 8080}]]
+
+
+class _Sessions:
+    """A fake of the proxy's sessions: one key per attempt, as the proxy's CreateSession gives."""
+
+    def __init__(self) -> None:
+        self.opened: list[tuple[str, int]] = []
+
+    async def open(self, rollout: Rollout, attempt: int, ttl_s: float) -> OpenedSession:
+        self.opened.append((rollout.rollout_id, attempt))
+        return OpenedSession(f"ofk-{rollout.rollout_id}-attempt-{attempt}", None)
+
+    async def close(self, rollout_id: str) -> int:
+        return 2  # model calls the attempt's session admitted (none: a bypass)
+
+
+class _Events:
+    async def submitted(self, request_id: str, rollouts: list[Rollout]) -> None:
+        pass
+
+    async def started(self, rollout: Rollout) -> None:
+        pass
+
+    async def finished(self, rollout: Rollout) -> None:
+        pass
+
+
+async def test_a_job_that_failed_is_retried_as_a_new_attempt_with_its_own_job_and_session(
+    backend: KubernetesBackend, server: Any
+) -> None:
+    """Issue 26 item 5 on this backend: the retry of a Job that failed mid-run is another Job,
+    under another proxy session (attempt 2, its own key in its own Secret); the rollout ends with
+    ``attempts == 2``, the number the store assembles by (only the last attempt's calls, whose
+    records carry ``rollout_attempt``; the store's assembly tests check that rule)."""
+    registry = RolloutRegistry(_Events())
+    sessions = _Sessions()
+    executor = RolloutExecutor(
+        registry,
+        CATALOG,
+        backend,
+        sessions,
+        lambda rollout, task, base_url, key, timeout_s: _launch("codex", task, backend, key),
+        settings=ExecutionSettings(max_infra_attempts=2, retry_backoff_s=0.01),
+    )
+    (rollout,) = await registry.submit(
+        request_id="q",
+        run_id="run",
+        tasks=[TaskRef(task_id="celsius-convert", task_set="test")],
+        group_size=1,
+        harness="codex",
+        model_name="policy",
+        min_policy_version=0,
+        timeout_s=0,
+    )
+    first = FakeJobController(server, "Failed", None)
+    running = asyncio.create_task(executor.run(rollout.rollout_id))
+    await asyncio.wait_for(first.run(), 30)
+    second = FakeJobController(
+        server, "Complete", _message("0 5 9", 0, "1"), skip=frozenset({first.job["metadata"]["name"]})
+    )
+    await asyncio.wait_for(second.run(), 30)
+    ended = await asyncio.wait_for(running, 30)
+
+    assert ended.status is RolloutStatus.SUCCEEDED and ended.reward == 1.0 and ended.attempts == 2
+    assert sessions.opened == [(rollout.rollout_id, 1), (rollout.rollout_id, 2)]
+    jobs = [o for o in _created(server) if o["kind"] == "Job"]
+    secrets = [o for o in _created(server) if o["kind"] == "Secret"]
+    assert [j["metadata"]["name"] for j in jobs] == [first.job["metadata"]["name"], second.job["metadata"]["name"]]
+    assert len({j["metadata"]["name"] for j in jobs}) == 2
+    assert all(j["metadata"]["annotations"][ROLLOUT_ID_ANNOTATION] == rollout.rollout_id for j in jobs)
+    keys = [
+        {base64.b64decode(v).decode() for k, v in secret["data"].items() if k.startswith("env.")} for secret in secrets
+    ]
+    assert keys == [
+        {f"ofk-{rollout.rollout_id}-attempt-1"},
+        {f"ofk-{rollout.rollout_id}-attempt-2"},
+    ]  # each attempt's pod holds only its own session's key
+    for job in jobs:
+        assert server.objects["batch/v1/jobs", NS, job["metadata"]["name"]].deleted
 
 
 @pytest.mark.parametrize("harness", ["codex", "claude-code", "openclaw", "mini-swe-agent", "command", "oracle"])
