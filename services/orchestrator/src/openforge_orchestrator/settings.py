@@ -102,11 +102,11 @@ class KubernetesSandboxSettings(SettingsSection):
         kubeconfig: Kubeconfig file when not in the cluster; empty = ``$KUBECONFIG`` or
             ``~/.kube/config``.
         context: Kubeconfig context; empty = the current one.
-        proxy_url: The proxy's harness-facing HTTP base URL as a rollout pod reaches it (no ``/v1``).
+        proxy_url: The proxy's harness-facing HTTP base URL as a rollout pod reaches it (no ``/v1``);
+            the orchestrator resolves its host when it creates a Job and writes it into the
+            pod's ``/etc/hosts``: a rollout pod resolves no other name.
         proxy_namespace: Namespace of the proxy's pods (the NetworkPolicy's only egress target).
         proxy_pod_labels: Labels of the proxy's pods.
-        dns_namespace: Namespace of the cluster DNS pods (egress on port 53 is allowed to them).
-        dns_pod_labels: Labels of the cluster DNS pods.
         harness_images: Harness name → image (``deploy/harness/*``); its install is copied from
             ``harness_root`` into the task container.
         harness_root: Folder of the harness install in every harness image.
@@ -133,8 +133,6 @@ class KubernetesSandboxSettings(SettingsSection):
     proxy_url: str = "http://proxy.openforge.svc.cluster.local:8080"
     proxy_namespace: str = "openforge"
     proxy_pod_labels: dict[str, str] = Field(default_factory=lambda: {"app.kubernetes.io/name": "proxy"})
-    dns_namespace: str = "kube-system"
-    dns_pod_labels: dict[str, str] = Field(default_factory=lambda: {"k8s-app": "kube-dns"})
     harness_images: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_HARNESS_IMAGES))
     harness_root: str = "/usr/local/harness"
     task_image: str = "openforge/task-{task_set}-{task_id}:latest"
