@@ -66,7 +66,13 @@ def resolved_runs(df: ParsedDockerfile, stage: str, service: str, variant: str =
 
 def test_every_dockerfile_is_lint_clean() -> None:
     files = dockerfiles.all_dockerfiles()
-    assert files == sorted([SERVICE_DOCKERFILE, *(ROOT / "deploy" / "harness" / h / "Dockerfile" for h in HARNESSES)])
+    assert files == sorted(
+        [
+            SERVICE_DOCKERFILE,
+            dockerfiles.TASKS_DOCKERFILE,
+            *(ROOT / "deploy" / "harness" / h / "Dockerfile" for h in HARNESSES),
+        ]
+    )
     assert not list(ROOT.glob("services/*/Dockerfile")), "one Dockerfile for the services: services/Dockerfile"
     status, report = dockerfiles.hadolint(files)
     assert status == 0, report

@@ -88,7 +88,7 @@ def test_every_pod_is_hardened(objects: list[K8sObject]) -> None:
         assert spec["securityContext"]["runAsNonRoot"] is True, name
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
         assert spec["serviceAccountName"] == name, name
-        for container in spec["containers"]:
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
             sc = container["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False, name
             assert sc["capabilities"] == {"drop": ["ALL"]}, name
@@ -101,7 +101,8 @@ def test_every_pod_is_hardened(objects: list[K8sObject]) -> None:
 
 def test_the_hardened_composition_has_read_only_root_filesystems(hardened: list[K8sObject]) -> None:
     for obj in workloads(hardened):
-        for container in pod(obj)["containers"]:
+        spec = pod(obj)
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
             assert container["securityContext"]["readOnlyRootFilesystem"] is True, obj["metadata"]["name"]
 
 

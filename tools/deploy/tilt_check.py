@@ -1,7 +1,7 @@
 """Evaluates the Tiltfile without Tilt and checks what it would do.
 
 The Tiltfile runs under ``starlark-pyo3`` with the stubs of ``tilt_stubs`` as Tilt's builtins,
-once per flag set in :data:`FLAG_SETS` (``tilt up`` and ``tilt up -- --gpu``); ``kustomize()``
+once per flag set in :data:`FLAG_SETS` (``tilt up``, ``tilt up -- --gpu``, ...); ``kustomize()``
 really builds the overlay. Evaluation alone catches a misspelled keyword, a missing argument, a
 missing file or folder, an unknown Dockerfile stage or build arg, and misordered live-update
 steps. :func:`analyze` then checks the whole result the way Tilt would on ``up``: every built
@@ -24,14 +24,22 @@ from typing import Any
 
 import starlark as sl
 
-from tools.deploy.dockerfiles import context_problems, parse_dockerfile
+from tools.deploy.dockerfiles import (
+    TASKS_CUSTOM_TARGET,
+    TASKS_DOCKERFILE,
+    context_problems,
+    parse_dockerfile,
+    task_set_problems,
+    tasks_image_problems,
+)
 from tools.deploy.k8s_check import ROOT, kustomize_build_text
-from tools.deploy.tilt_stubs import K8sResource, Link, PortForward, TiltRun, TiltStubs, evaluate
+from tools.deploy.tilt_stubs import DockerBuild, K8sResource, Link, PortForward, TiltRun, TiltStubs, evaluate
 
 TILTFILE = ROOT / "Tiltfile"
 
-#: The configurations CI evaluates: plain ``tilt up`` and ``tilt up -- --gpu``.
-FLAG_SETS: tuple[dict[str, Any], ...] = ({}, {"gpu": True})
+#: The configurations CI evaluates: plain ``tilt up``, ``tilt up -- --gpu``, and the task catalog
+#: built from a folder of task sets (``tilt up -- --tasks examples/tasks``) instead of the bundled one.
+FLAG_SETS: tuple[dict[str, Any], ...] = ({}, {"gpu": True}, {"tasks": "examples/tasks"})
 
 #: Images of this project: each one that a workload uses must be built by the Tiltfile.
 OWN_IMAGE_PREFIX = "openforge/"
@@ -155,6 +163,8 @@ def analyze(run: TiltRun, own_image_prefix: str = OWN_IMAGE_PREFIX) -> list[str]
             target = img.target or df.stages[-1].name
             found = context_problems(df, target, img.build_args, run.root / img.context, img.only or None)
             problems.extend(f"image {img.ref}: {p}" for p in found)
+            if (run.root / img.dockerfile).resolve() == TASKS_DOCKERFILE:
+                problems.extend(f"image {img.ref}: {p}" for p in _task_catalog_problems(run.root, img, target))
 
     # Resources.
     resources: dict[str, K8sResource] = {}
@@ -223,6 +233,18 @@ def analyze(run: TiltRun, own_image_prefix: str = OWN_IMAGE_PREFIX) -> list[str]
     return problems
 
 
+def _task_catalog_problems(root: Path, img: DockerBuild, target: str) -> list[str]:
+    """The task-set image's checks for what Tilt sends: the bundled sets, or each task set of
+    the folder that a ``custom`` build has as its context."""
+    context = root / img.context
+    if target != TASKS_CUSTOM_TARGET:
+        return tasks_image_problems(context=context, only=img.only or None)
+    sets = sorted(p.name for p in context.iterdir() if p.is_dir())
+    if not sets:
+        return [f"{img.context}: holds no task set"]
+    return [p for name in sets for p in task_set_problems(name, context, img.only or None)]
+
+
 def _check_port_forwards(name: str, res: K8sResource, targets: Iterable[Mapping[str, Any]]) -> list[str]:
     problems: list[str] = []
     declared: set[int] = set()
@@ -254,7 +276,8 @@ def check_tiltfile(tiltfile: Path = TILTFILE, flag_sets: Sequence[Mapping[str, A
     """
     problems: list[str] = []
     for flags in flag_sets:
-        label = "tilt up" + (" -- " + " ".join(f"--{k}" for k in flags) if flags else "")
+        words = [f"--{k}" if v is True else f"--{k} {v}" for k, v in flags.items()]
+        label = "tilt up" + (" -- " + " ".join(words) if words else "")
         try:
             run = run_tiltfile(tiltfile, flags)
         except sl.StarlarkError as err:
