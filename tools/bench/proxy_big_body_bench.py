@@ -16,16 +16,26 @@ Processes (each its own OS process, as deployed; the same set as ``proxy_bench.p
   answers' times (open loop: the proxy is not saturated, so latency is what is measured), for
   the whole run.
 
-In the same run, the small calls are counted in two groups: **big**, those whose time overlaps
+The whole probe runs once per ``--modes`` entry, in the same run, each with a fresh proxy:
+``off`` is the reference path (``OPENFORGE_LARGE_BODY__PROCESS=false``: every body parsed in
+the proxy's process, large ones in a worker thread), ``on`` the large-body parser process
+(``OPENFORGE_LARGE_BODY__PROCESS=true``, bodies from ``OPENFORGE_LARGE_BODY__MIN_BYTES``);
+``--rounds`` repeats the modes in turn (off, on, off, on...), so that a machine whose load
+changes meanwhile weighs on both alike. A table compares them at the end, each run and each
+mode's median.
+
+In each mode, the small calls are counted in two groups: **big**, those whose time overlaps
 a big request's (from the first byte sent to its answer), and **quiet**, those at least
 ``--settle`` seconds away from every big request. Reported: each group's latency p50/p99 (ms)
 and count; the ratio of the big group's p99 to the quiet group's (the target: at most 2); each
 big request's status and time to answer; the proxy's RSS (MiB) before and after.
 
-Usage (about a minute on 2 cores)::
+Usage (about a minute per mode on 2 cores)::
 
     .venv/bin/python tools/bench/proxy_big_body_bench.py
     .venv/bin/python tools/bench/proxy_big_body_bench.py --sessions 16 --big 12 --json out.json
+    .venv/bin/python tools/bench/proxy_big_body_bench.py --rounds 3
+    .venv/bin/python tools/bench/proxy_big_body_bench.py --modes on
 """
 
 from __future__ import annotations
@@ -158,7 +168,10 @@ def big_body(api: str, mib: int) -> bytes:
     return orjson.dumps(body)
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
+MODES = {"off": "false", "on": "true"}  # mode -> OPENFORGE_LARGE_BODY__PROCESS
+
+
+async def main(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     from google.protobuf.duration_pb2 import Duration
 
     from openforge.proxy.v1 import proxy_pb2, proxy_pb2_grpc
@@ -167,6 +180,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     from openforge_testing.servers import NatsServer, ServiceProcess, free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="proxy-big-body-"))
+    print(f"\n=== mode {mode}: OPENFORGE_LARGE_BODY__PROCESS={MODES[mode]}")
     load0 = os.getloadavg()
     print(f"load average at the start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} ({os.cpu_count()} CPUs)")
     model = build_fake_model_dir(tmp / "model", context_length=args.context)
@@ -174,13 +188,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     print(f"big request: {size:.1f} MiB; model context {args.context} tokens")
     engine_port = free_port()
     engine = Child("--role", "engine", "--model-dir", str(model), "--port", str(engine_port))
-    results: dict[str, Any] = {"load_average_start": load0, "big_mib": size}
+    results: dict[str, Any] = {"mode": mode, "load_average_start": load0, "big_mib": size}
     with NatsServer(tmp / "nats") as nats:
         proxy = ServiceProcess(
             "openforge_proxy",
             {
                 "OPENFORGE_NATS__URL": nats.url,
                 "OPENFORGE_SERVICES__INFERENCE": f"127.0.0.1:{engine_port}",
+                "OPENFORGE_LARGE_BODY__PROCESS": MODES[mode],
             },
             tmp / "proxy.log",
         )
@@ -288,6 +303,39 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def compare(runs: list[dict[str, Any]]) -> None:
+    """Prints one line per mode: the small calls' p99 quiet and during a big request, their
+    ratio, and the big requests' median and longest time to answer."""
+    print("\nsmall calls' p99 (ms) and big requests' time to answer (ms), per mode")
+    print(f"{'mode':10} {'quiet p99':>10} {'big p99':>10} {'ratio':>7} {'big p50':>9} {'big max':>9}")
+
+    def row(name: str, rs: list[dict[str, Any]]) -> None:
+        def med(xs: list[float]) -> float:
+            return sorted(xs)[len(xs) // 2]
+
+        times = [sorted((b["end"] - b["start"]) * 1000 for b in r["big_requests"]) for r in rs]
+        print(
+            f"{name:10} {med([r['small_calls_ms']['quiet']['p99'] for r in rs]):10.2f} "
+            f"{med([r['small_calls_ms']['big']['p99'] for r in rs]):10.2f} {med([r['p99_ratio'] for r in rs]):7.2f} "
+            f"{med([t[len(t) // 2] for t in times]):9.0f} {med([t[-1] for t in times]):9.0f}"
+        )
+
+    for r in runs:
+        row(r["mode"], [r])
+    if len(runs) > len({r["mode"] for r in runs}):
+        for mode in dict.fromkeys(r["mode"] for r in runs):
+            row(f"{mode} median", [r for r in runs if r["mode"] == mode])
+
+
+async def run_modes(args: argparse.Namespace) -> list[dict[str, Any]]:
+    runs = []
+    for _ in range(args.rounds):
+        for mode in args.modes.split(","):
+            runs.append(await main(args, mode.strip()))
+    compare(runs)
+    return runs
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--role", choices=["bench", "engine", "big"], default="bench")
@@ -298,6 +346,8 @@ if __name__ == "__main__":
     parser.add_argument("--settle", type=float, default=0.5, help="seconds around a big request not counted as quiet")
     parser.add_argument("--big-mb", type=int, default=30, help="size of a big request, MiB")
     parser.add_argument("--context", type=int, default=131072, help="the fake model's context, tokens")
+    parser.add_argument("--modes", default="off,on", help="modes run, in order: off (reference), on (parser process)")
+    parser.add_argument("--rounds", type=int, default=1, help="times the modes are run, in turn")
     parser.add_argument("--json", default="", help="also write the results here")
     parser.add_argument("--model-dir", default="")
     parser.add_argument("--port", type=int, default=0)
@@ -310,6 +360,8 @@ if __name__ == "__main__":
     elif a.role == "big":
         _send_big(a.url, a.key, a.big, a.gap, a.big_mb, a.out)
     else:
-        out = asyncio.run(main(a))
+        if any(m.strip() not in MODES for m in a.modes.split(",")):
+            parser.error(f"--modes: a comma-separated list of {', '.join(MODES)}")
+        out = asyncio.run(run_modes(a))
         if a.json:
             Path(a.json).write_text(json.dumps(out, indent=2))

@@ -20,6 +20,7 @@ from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry
 
 from openforge.common.v1.common_pb2 import SamplingParams
+from openforge_proxy.adapters.body_parser import ProcessBodyParser
 from openforge_proxy.adapters.inference import GrpcEngine
 from openforge_proxy.domain.handler import OFFLOAD_MIN_BYTES, CallHandler
 from openforge_proxy.domain.record import CallRecordData
@@ -114,6 +115,7 @@ class InProcessProxy:
         header_timeout_s: float = HEADER_TIMEOUT_S,
         body_timeout_s: float = BODY_TIMEOUT_S,
         offload_min_bytes: int = OFFLOAD_MIN_BYTES,
+        body_parser_min_bytes: int | None = None,
     ) -> None:
         self.fake = fake
         self.sessions = SessionRegistry(3600, 1000)
@@ -122,6 +124,8 @@ class InProcessProxy:
         self._header_timeout_s = header_timeout_s
         self._body_timeout_s = body_timeout_s
         self._offload_min_bytes = offload_min_bytes
+        #: The large-body parser process (``body_parser_min_bytes``; None: without one).
+        self.body_parser = ProcessBodyParser(body_parser_min_bytes) if body_parser_min_bytes is not None else None
         self.engine: GrpcEngine | None = None
         self.handler: CallHandler | None = None
         self.http: HttpServer | None = None
@@ -140,7 +144,12 @@ class InProcessProxy:
             return self.runtime
 
         self.handler = CallHandler(
-            self.sessions, self.engine, runtime, self.recorder, offload_min_bytes=self._offload_min_bytes
+            self.sessions,
+            self.engine,
+            runtime,
+            self.recorder,
+            offload_min_bytes=self._offload_min_bytes,
+            body_parser=self.body_parser,
         )
         self.http = HttpServer(
             self.handler,
@@ -162,6 +171,8 @@ class InProcessProxy:
             await self.http.stop()
         if self.engine is not None:
             await self.engine.close()
+        if self.body_parser is not None:
+            await asyncio.to_thread(self.body_parser.close)
         await self.fake.stop()
 
     @property

@@ -13,6 +13,7 @@ import structlog
 from openforge.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from openforge_core.events import EventBus
 from openforge_core.manifest import ServedModel
+from openforge_proxy.adapters.body_parser import ProcessBodyParser
 from openforge_proxy.adapters.inference import GrpcEngine
 from openforge_proxy.adapters.publisher import NatsRecorder
 from openforge_proxy.domain.handler import CallHandler
@@ -106,6 +107,8 @@ class ProxyApp:
         self.events = EventBus(settings.nats)
         self.engine = GrpcEngine(settings.services.inference, generate_timeout_s=settings.generate_timeout_s)
         self.loader = ModelLoader(self.engine, settings)
+        large = settings.large_body
+        self.body_parser = ProcessBodyParser(large.min_bytes) if large.process else None
         self.handler = CallHandler(
             self.sessions,
             self.engine,
@@ -113,6 +116,7 @@ class ProxyApp:
             NatsRecorder(self.events, structs=settings.record.structs),
             max_heads=settings.max_heads,
             default_max_tokens=settings.default_max_tokens,
+            body_parser=self.body_parser,
         )
         http = settings.http
         self.http = HttpServer(
@@ -133,6 +137,8 @@ class ProxyApp:
         await self.events.connect()
         await self.events.ensure_stream("proxy")
         await self.http.start()
+        if self.body_parser is not None:  # its process is ready before the first large body
+            await asyncio.to_thread(self.body_parser.start)
         self._sweeper = asyncio.create_task(self._sweep(), name="session-sweeper")
         self._warm = asyncio.create_task(self._warm_up(), name="model-warm-up")
 
@@ -156,5 +162,7 @@ class ProxyApp:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.http.stop()
+        if self.body_parser is not None:
+            await asyncio.to_thread(self.body_parser.close)
         await self.engine.close()
         await self.events.close()

@@ -32,6 +32,24 @@ class HttpSettings(SettingsSection):
     body_timeout_s: float = Field(default=60.0, ge=0)
 
 
+class LargeBodySettings(SettingsSection):
+    """Large request bodies (``OPENFORGE_LARGE_BODY__*``).
+
+    Attributes:
+        process: Parse bodies from ``min_bytes`` in a separate process
+            (``openforge_proxy.adapters.body_parser``), so that other sessions' calls are
+            served meanwhile: JSON parsing holds the interpreter for the whole of a body (about
+            100-300 ms for 30 MiB), in a worker thread too. Such a body is converted without the
+            session's parse memos (same result; a session sending bodies this large parses each
+            whole). False: every body is parsed in the proxy's process (from 1 MiB in a worker
+            thread), as the reference path does.
+        min_bytes: Smallest body parsed in that process, bytes (after decompression).
+    """
+
+    process: bool = True
+    min_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+
+
 class ModelSettings(SettingsSection):
     """How the proxy uses the served model (``OPENFORGE_MODEL__*``).
 
@@ -73,6 +91,7 @@ class ProxySettings(ServiceSettings):
         max_ended_sessions: Most closed or expired sessions remembered (the most recently
             ended; older ones are forgotten, so memory does not grow with rollouts served).
         http: The harness-facing HTTP server.
+        large_body: Large request bodies.
         model: How the served model is used.
         record: Call records.
         max_heads: Conversation views kept per session for splicing (main
@@ -90,6 +109,7 @@ class ProxySettings(ServiceSettings):
     max_sessions: int = Field(default=100_000, gt=0)
     max_ended_sessions: int = Field(default=256, ge=0)
     http: HttpSettings = HttpSettings()
+    large_body: LargeBodySettings = LargeBodySettings()
     model: ModelSettings = ModelSettings()
     record: RecordSettings = RecordSettings()
     max_heads: int = Field(default=4, ge=1)

@@ -1,1 +1,2 @@
-"""Outbound adapters: the inference client and the call-record publisher."""
+"""Outbound adapters: the inference client, the call-record publisher and the large-body parser
+process."""

@@ -44,7 +44,7 @@ from openforge_core.record_delta import RecordBase, RecordCut
 from openforge_proxy.domain.conversation import CanonicalRequest, ToolKind, WireApi
 from openforge_proxy.domain.engine import Delta, Engine, EngineRejected, EngineUnavailable, Sampling
 from openforge_proxy.domain.families import Event
-from openforge_proxy.domain.json_text import replace_lone_surrogates
+from openforge_proxy.domain.json_text import parse_object
 from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, ToolCallOut, Usage
 from openforge_proxy.domain.protocols import anthropic, chat, dumps, responses
 from openforge_proxy.domain.protocols.memo import BodyMemo, ConversationMemo
@@ -77,6 +77,26 @@ _T = TypeVar("_T")
 
 class ClientGone(Exception):
     """The harness closed the connection while the response was being written."""
+
+
+class BodyParser(Protocol):
+    """Parses large request bodies away from the event loop's interpreter (the large-body
+    fast path; :mod:`openforge_proxy.adapters.body_parser`). Without one, every body is
+    parsed by :func:`~openforge_proxy.domain.json_text.parse_object` in this process.
+
+    Attributes:
+        min_bytes: Bodies from this size (bytes) are given to :meth:`parse`.
+    """
+
+    min_bytes: int
+
+    async def parse(self, body: bytes) -> tuple[dict[str, Any], bytes]:
+        """What ``parse_object(body)`` returns.
+
+        Raises:
+            ApiError: What ``parse_object(body)`` raises (the same kind, message and status).
+        """
+        ...
 
 
 class Responder(Protocol):
@@ -280,6 +300,10 @@ class CallHandler:
         offload_min_bytes: Bodies from this size (bytes) are parsed, rendered and tokenized in
             a worker thread (one at a time per session, and only while none of the session's
             calls is in flight); smaller ones on the event loop.
+        body_parser: Parses bodies from its ``min_bytes`` instead (None: none is). Such a
+            body is parsed whole and converted without the session's memos
+            (:mod:`.protocols.memo`): they would serialize its values again here, which holds
+            the interpreter as long as parsing it would; the result is the same.
     """
 
     def __init__(
@@ -292,6 +316,7 @@ class CallHandler:
         max_heads: int = 4,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         offload_min_bytes: int = OFFLOAD_MIN_BYTES,
+        body_parser: BodyParser | None = None,
     ) -> None:
         self._sessions = sessions
         self._engine = engine
@@ -301,6 +326,7 @@ class CallHandler:
         self._default_max = default_max_tokens
         self._states: dict[str, SessionCalls] = {}
         self._offload_min = offload_min_bytes
+        self._parser = body_parser
         # per session: the lock its requests are prepared under (present while one is held or
         # awaited) and its calls admitted and not yet answered
         self._locks: dict[str, _SessionLock] = {}
@@ -354,7 +380,7 @@ class CallHandler:
         wire = WireApi.ANTHROPIC_MESSAGES
         try:
             session = self._authenticate(headers)
-            request, _ = self._parse_json(body, None)
+            request, _ = await self._parse(body, None, offload=False)
             runtime = await self._load_runtime()
             try:
                 canonical = anthropic.parse({"max_tokens": 1, **request})
@@ -389,23 +415,19 @@ class CallHandler:
         except OpenForgeError as exc:
             raise _api_error(exc) from exc
 
-    @staticmethod
-    def _parse_json(body: bytes, memo: BodyMemo | None) -> tuple[dict[str, Any], bytes]:
-        """The parsed body and the body as it is recorded: lone surrogate escapes, which
-        JavaScript clients write, replaced by U+FFFD (:mod:`.json_text`)."""
-        try:
-            parsed = memo.loads(body) if memo is not None else orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            fixed = replace_lone_surrogates(body)
-            if fixed is None:
-                raise ApiError(ErrorKind.INVALID_REQUEST, f"the body is not valid JSON: {exc}") from exc
-            try:
-                parsed, body = orjson.loads(fixed), fixed
-            except orjson.JSONDecodeError:
-                raise ApiError(ErrorKind.INVALID_REQUEST, f"the body is not valid JSON: {exc}") from exc
-        if not isinstance(parsed, dict):
-            raise ApiError(ErrorKind.INVALID_REQUEST, "the body must be a JSON object")
-        return parsed, body
+    def _large(self, body: bytes) -> bool:
+        """Whether ``body`` is parsed by the body parser (and converted without memos)."""
+        return self._parser is not None and len(body) >= self._parser.min_bytes
+
+    async def _parse(self, body: bytes, memo: BodyMemo | None, *, offload: bool) -> tuple[dict[str, Any], bytes]:
+        """The parsed body and the body as it is recorded (:func:`.json_text.parse_object`):
+        by the body parser for a large body, else here, in a worker thread if ``offload``."""
+        if self._parser is not None and self._large(body):
+            return await self._parser.parse(body)
+        loads = memo.loads if memo is not None else orjson.loads
+        if offload:
+            return await _off_loop(parse_object, body, loads)
+        return parse_object(body, loads)
 
     async def _load_runtime(self) -> ModelRuntime:
         try:
@@ -521,16 +543,14 @@ class CallHandler:
         self, wire: WireApi, body: bytes, session: Session, prior: SessionCalls | None, offload: bool
     ) -> _Prepared:
         bodies = prior.body if prior is not None else BodyMemo()
-        if offload:
-            parsed, body = await _off_loop(self._parse_json, body, bodies)
-        else:
-            parsed, body = self._parse_json(body, bodies)
+        memos = not self._large(body)
+        parsed, body = await self._parse(body, bodies, offload=offload)
         runtime = await self._load_runtime()
         state = self._state(session.rollout_id, runtime, bodies)
         if offload:
-            request, tools, canonical_json, plan = await _off_loop(_convert, wire, parsed, state, session)
+            request, tools, canonical_json, plan = await _off_loop(_convert, wire, parsed, state, session, memos)
         else:
-            request, tools, canonical_json, plan = _convert(wire, parsed, state, session)
+            request, tools, canonical_json, plan = _convert(wire, parsed, state, session, memos)
         # The call's identity is the prompt the engine would see (and the tools): the same
         # conversation sent again renders to the same ids, whatever the harness changed that
         # the model does not see. Hashing the packed ids (~2 bytes a token) is cheaper than
@@ -904,10 +924,12 @@ def _build(
 
 
 def _convert(
-    wire: WireApi, parsed: dict[str, Any], state: SessionCalls, session: Session
+    wire: WireApi, parsed: dict[str, Any], state: SessionCalls, session: Session, memos: bool = True
 ) -> tuple[CanonicalRequest, tuple[str, list[dict[str, Any]]], bytes, PromptPlan]:
     """A parsed body into its canonical request, tools key, recorded canonical JSON and prompt
     plan (the CPU-heavy part of a call's preparation; touches only the session's state).
+    ``memos``: through the session's conversation memos (the same result, less work for a
+    conversation that grew; their own work is serializing every new message once).
 
     Raises:
         ApiError: The request is invalid, names another model, or cannot be rendered or fit.
@@ -916,9 +938,9 @@ def _convert(
         if wire is WireApi.OPENAI_RESPONSES:
             request = responses.parse(parsed, state.splicer.turn_of_ref)
         elif wire is WireApi.ANTHROPIC_MESSAGES:
-            request = anthropic.parse(parsed, state.anthropic)
+            request = anthropic.parse(parsed, state.anthropic if memos else None)
         else:
-            request = chat.parse(parsed, state.chat)
+            request = chat.parse(parsed, state.chat if memos else None)
     except InvalidArgument as exc:
         raise ApiError(ErrorKind.INVALID_REQUEST, exc.message) from exc
     except orjson.JSONEncodeError as exc:

@@ -1,0 +1,158 @@
+"""The large-body parser process (``OPENFORGE_LARGE_BODY__PROCESS``) against the reference path.
+
+The same requests, through public calls, go to a proxy without the parser (every body parsed in
+its process) and to one whose parser takes every body (``min_bytes`` 0: each body is parsed in
+the child process and converted without the session's memos); answers and records must agree,
+errors in the same protocol shape with the same messages."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from openforge_proxy.adapters.body_parser import ProcessBodyParser
+from openforge_proxy.domain.json_text import parse_object
+from openforge_proxy.domain.output import ApiError
+from openforge_testing.fakes import ScriptedInferenceServer
+
+MESSAGES = "/v1/messages"
+CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
+
+#: Bodies each API gets, as raw bytes: valid, not JSON, not an object, a lone surrogate
+#: (repaired), invalid for the protocol, another model, a prompt longer than the context.
+_LONG = "word " * 200_000
+
+
+def _cases() -> list[tuple[str, bytes]]:
+    out: list[tuple[str, bytes]] = []
+    for path, body in (
+        (MESSAGES, {"model": "m", "max_tokens": 20, "messages": [{"role": "user", "content": "hi \u00e9"}]}),
+        (CHAT, {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+        (RESPONSES, {"model": "m", "input": [{"type": "message", "role": "user", "content": "hi"}]}),
+    ):
+        raw = orjson.dumps(body)
+        out += [
+            (path, raw),
+            (path, raw[:-1]),  # not JSON
+            (path, b"[1, 2]"),  # not an object
+            (path, raw.replace(b"hi", b"hi \\ud83d")),  # a lone surrogate: repaired, served
+            (path, raw.replace(b'"model":"m"', b'"model":5')),  # the protocol refuses it
+            (path, raw.replace(b'"model":"m"', b'"model":"other"')),  # another model than the session's
+            (path, raw.replace(b"hi", _LONG.encode())),  # cannot fit the context
+        ]
+    return out
+
+
+def _comparable(reply: Any) -> tuple[int, Any]:
+    """Status and JSON body without what differs per call (ids, times)."""
+    body = reply.json()
+    if reply.status != 200:
+        body.pop("request_id", None)
+        return reply.status, body
+    return reply.status, None
+
+
+async def _both(model_dir: Path, start_proxy: Any) -> tuple[Any, Any]:
+    def fake() -> ScriptedInferenceServer:
+        return ScriptedInferenceServer(model_dir, default=lambda prompt: "OK.")
+
+    reference = await start_proxy(fake())
+    fast = await start_proxy(fake(), body_parser_min_bytes=0)
+    return reference, fast
+
+
+async def test_every_body_answers_as_the_reference_path(model_dir: Path, start_proxy: Any) -> None:
+    reference, fast = await _both(model_dir, start_proxy)
+    answers: list[list[tuple[int, Any]]] = []
+    for proxy in (reference, fast):
+        key = proxy.session(model_name="m")
+        got = []
+        for path, raw in _cases():
+            got.append(_comparable(await proxy.post(path, raw, key=key, bearer=path != MESSAGES)))
+        counted = await proxy.post(MESSAGES + "/count_tokens", _cases()[0][1], key=key)
+        got.append((counted.status, counted.json()))
+        answers.append(got)
+    assert answers[0] == answers[1]
+    statuses = [status for status, _ in answers[0]]
+    assert statuses == [200, 400, 400, 200, 400, 404, 400] * 3 + [200]
+    records = [
+        [(r.wire_api, r.request_json, r.canonical_json, r.prompt.ids) for r in p.recorder.records]
+        for p in (reference, fast)
+    ]
+    assert records[0] == records[1] and len(records[0]) == 6
+    assert fast.body_parser is not None
+
+
+@pytest.mark.parametrize("path", [MESSAGES, CHAT, RESPONSES])
+async def test_a_conversation_is_spliced_as_by_the_reference_path(model_dir: Path, start_proxy: Any, path: str) -> None:
+    reference, fast = await _both(model_dir, start_proxy)
+    seen = []
+    for proxy in (reference, fast):
+        key = proxy.session(model_name="m")
+        history: list[dict[str, Any]] = []
+        for turn in range(3):
+            if path == RESPONSES:
+                history.append({"type": "message", "role": "user", "content": f"step {turn}"})
+                body: dict[str, Any] = {"model": "m", "input": history}
+            else:
+                history.append({"role": "user", "content": f"step {turn}"})
+                body = {"model": "m", "max_tokens": 20, "messages": history}
+            reply = await proxy.post(path, body, key=key, bearer=path != MESSAGES)
+            assert reply.status == 200, reply.body
+            if path == RESPONSES:
+                history += [item for item in reply.json()["output"] if item["type"] == "message"]
+            elif path == CHAT:
+                history.append(reply.json()["choices"][0]["message"])
+            else:
+                history.append({"role": "assistant", "content": reply.json()["content"]})
+        seen.append(
+            [
+                (r.prompt.ids, [(s.start, s.end) for s in r.splice.reused], r.canonical_json)
+                for r in proxy.recorder.records
+            ]
+        )
+    assert seen[0] == seen[1]
+    assert [len(reused) for _, reused, _ in seen[1]] == [0, 1, 2]  # each call extends the last
+
+
+async def test_the_parser_agrees_with_the_reference_and_survives_its_child() -> None:
+    parser = ProcessBodyParser(0)
+    bodies = [
+        b'{"a":[1,2.5,true,null,"\\u00e9\\ud83d\\ude00"],"b":{"c":18446744073709551616}}',
+        b'{"a":"x\\ud83d"}',  # repaired
+        b'{"a":1',
+        b'"text"',
+        b"[" * 2000 + b"]" * 2000,  # deeper than orjson parses
+        orjson.dumps({"big": "x" * (5 << 20)}),
+    ]
+
+    def reference(raw: bytes) -> Any:
+        try:
+            return parse_object(raw)
+        except ApiError as err:
+            return err.kind, err.message, err.status
+
+    async def fast(raw: bytes) -> Any:
+        try:
+            return await parser.parse(raw)
+        except ApiError as err:
+            return err.kind, err.message, err.status
+
+    try:
+        for raw in bodies:
+            assert await fast(raw) == reference(raw)
+        # the child dies: the body is still parsed (here), and the next one by a new child
+        pid = parser.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        assert await fast(bodies[0]) == reference(bodies[0])
+        assert await fast(bodies[1]) == reference(bodies[1])
+        assert parser.pid not in (None, pid)
+    finally:
+        parser.close()
