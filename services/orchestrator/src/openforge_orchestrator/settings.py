@@ -6,6 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from openforge_core.harness_catalog import HARNESSES
 from openforge_core.settings import ServiceSettings, SettingsSection
 
 
@@ -85,12 +86,7 @@ class LocalSandboxSettings(SettingsSection):
 
 
 #: Harness images per harness name, as ``deploy/harness/<name>/Dockerfile`` builds them.
-DEFAULT_HARNESS_IMAGES: dict[str, str] = {
-    "claude-code": "openforge/harness-claude-code:2.1.332",
-    "codex": "openforge/harness-codex:0.171.0",
-    "mini-swe-agent": "openforge/harness-mini-swe-agent:2.4.6",
-    "openclaw": "openforge/harness-openclaw:2026.9.6",
-}
+DEFAULT_HARNESS_IMAGES: dict[str, str] = {name: h.image for name, h in HARNESSES.items()}
 
 
 class KubernetesSandboxSettings(SettingsSection):
