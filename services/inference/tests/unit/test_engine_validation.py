@@ -109,6 +109,6 @@ def test_registry_lists_engines_and_rejects_unknown(tmp_path: object) -> None:
 def test_registry_registers_exactly_the_contracts_engine_names() -> None:
     check_registry(_REGISTRY)  # what the package checks at import
     with pytest.raises(RuntimeError, match=r"engine registry \['transformers', 'vllm'\] differs"):
-        check_registry({k: v for k, v in _REGISTRY.items() if k != "scripted-oracle"})
+        check_registry([k for k in _REGISTRY if k != "scripted-oracle"])
     with pytest.raises(RuntimeError, match="differs"):
-        check_registry({**_REGISTRY, "tgi": "somewhere:Tgi"})
+        check_registry([*_REGISTRY, "tgi"])

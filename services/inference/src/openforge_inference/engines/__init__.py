@@ -4,23 +4,26 @@ when its engine is created."""
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping
+from collections.abc import Iterable
 from typing import Final
 
 from openforge_core.engine_names import ENGINE_NAMES
+from openforge_core.registry import LazyRegistry, UnknownName
 from openforge_inference.engines.base import Engine, EngineConfig
 
 __all__ = ["check_registry", "create_engine"]
 
-_REGISTRY: Final[dict[str, str]] = {
-    "vllm": "openforge_inference.engines.vllm_engine:VllmEngine",
-    "transformers": "openforge_inference.engines.transformers_engine:TransformersEngine",
-    "scripted-oracle": "openforge_inference.engines.scripted_oracle:ScriptedOracleEngine",
-}
+_REGISTRY: Final = LazyRegistry(
+    "engine",
+    {
+        "vllm": "openforge_inference.engines.vllm_engine:VllmEngine",
+        "transformers": "openforge_inference.engines.transformers_engine:TransformersEngine",
+        "scripted-oracle": "openforge_inference.engines.scripted_oracle:ScriptedOracleEngine",
+    },
+)
 
 
-def check_registry(registry: Mapping[str, str]) -> None:
+def check_registry(registry: Iterable[str]) -> None:
     """Checks that ``registry`` registers exactly the engine names of the contract
     (:data:`openforge_core.engine_names.ENGINE_NAMES`, which the CLI checks names against).
 
@@ -54,10 +57,8 @@ def create_engine(name: str, config: EngineConfig) -> Engine:
             (see requirements/inference-cpu.txt).
     """
     try:
-        target = _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown engine {name!r}; expected one of {ENGINE_NAMES}") from None
-    module_name, _, class_name = target.partition(":")
-    module = importlib.import_module(module_name)
-    engine: Engine = getattr(module, class_name)(config)
+        cls = _REGISTRY.load(name)
+    except UnknownName as exc:
+        raise ValueError(str(exc)) from None
+    engine: Engine = cls(config)
     return engine

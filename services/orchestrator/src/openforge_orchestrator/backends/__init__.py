@@ -5,15 +5,18 @@ Registry: backend name → ``module:Class``, imported on first use.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from openforge_core.registry import LazyRegistry
 from openforge_orchestrator.domain.sandbox import SandboxBackend
 
-BACKENDS: dict[str, str] = {
-    "local": "openforge_orchestrator.backends.local:LocalBackend",
-    "kubernetes": "openforge_orchestrator.backends.kubernetes:KubernetesBackend",
-}
+BACKENDS = LazyRegistry(
+    "sandbox backend",
+    {
+        "local": "openforge_orchestrator.backends.local:LocalBackend",
+        "kubernetes": "openforge_orchestrator.backends.kubernetes:KubernetesBackend",
+    },
+)
 
 
 def build_backend(name: str, *args: Any, **kwargs: Any) -> SandboxBackend:
@@ -22,6 +25,5 @@ def build_backend(name: str, *args: Any, **kwargs: Any) -> SandboxBackend:
     Raises:
         KeyError: No such backend.
     """
-    module, _, cls = BACKENDS[name].partition(":")
-    backend: SandboxBackend = getattr(importlib.import_module(module), cls)(*args, **kwargs)
+    backend: SandboxBackend = BACKENDS.load(name)(*args, **kwargs)
     return backend

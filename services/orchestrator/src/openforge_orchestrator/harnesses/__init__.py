@@ -11,9 +11,9 @@ Registry: harness name → ``module:Class``, imported on first use.
 
 from __future__ import annotations
 
-import importlib
 from typing import Protocol
 
+from openforge_core.registry import LazyRegistry
 from openforge_orchestrator.domain.sandbox import HarnessLaunch
 from openforge_orchestrator.harnesses.base import Installed, LaunchContext
 
@@ -37,13 +37,16 @@ class HarnessAdapter(Protocol):
         ...
 
 
-ADAPTERS: dict[str, str] = {
-    "command": "openforge_orchestrator.harnesses.command:CommandAdapter",
-    "mini-swe-agent": "openforge_orchestrator.harnesses.mini_swe_agent:MiniSweAgentAdapter",
-    "claude-code": "openforge_orchestrator.harnesses.claude_code:ClaudeCodeAdapter",
-    "codex": "openforge_orchestrator.harnesses.codex:CodexAdapter",
-    "openclaw": "openforge_orchestrator.harnesses.openclaw:OpenClawAdapter",
-}
+ADAPTERS = LazyRegistry(
+    "harness",
+    {
+        "command": "openforge_orchestrator.harnesses.command:CommandAdapter",
+        "mini-swe-agent": "openforge_orchestrator.harnesses.mini_swe_agent:MiniSweAgentAdapter",
+        "claude-code": "openforge_orchestrator.harnesses.claude_code:ClaudeCodeAdapter",
+        "codex": "openforge_orchestrator.harnesses.codex:CodexAdapter",
+        "openclaw": "openforge_orchestrator.harnesses.openclaw:OpenClawAdapter",
+    },
+)
 
 
 def adapter(name: str) -> HarnessAdapter:
@@ -52,6 +55,5 @@ def adapter(name: str) -> HarnessAdapter:
     Raises:
         KeyError: No such harness.
     """
-    module, _, cls = ADAPTERS[name].partition(":")
-    built: HarnessAdapter = getattr(importlib.import_module(module), cls)()
+    built: HarnessAdapter = ADAPTERS.load(name)()
     return built

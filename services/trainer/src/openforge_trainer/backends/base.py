@@ -11,19 +11,22 @@ Implementations are imported only when chosen, so the service starts without tor
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from openforge_core.errors import InvalidArgument
+from openforge_core.registry import LazyRegistry, UnknownName
 from openforge_core.run_config import RunConfig
 from openforge_trainer.domain.samples import TrainBatch
 
 #: Backend name → ``"module:Class"``; the class is called with the run config.
-BACKENDS: dict[str, str] = {
-    "torch": "openforge_trainer.backends.torch_backend:TorchBackend",
-    "verl": "openforge_trainer.backends.verl_backend:VerlBackend",
-}
+BACKENDS = LazyRegistry(
+    "backend",
+    {
+        "torch": "openforge_trainer.backends.torch_backend:TorchBackend",
+        "verl": "openforge_trainer.backends.verl_backend:VerlBackend",
+    },
+)
 
 #: Files a checkpoint directory holds besides the weights (``optimizer.pt``).
 OPTIMIZER_FILE = "optimizer.pt"
@@ -79,12 +82,10 @@ def create_backend(name: str, config: RunConfig) -> TrainerBackend:
         ImportError: Its dependencies (torch, transformers, verl) are not installed.
     """
     try:
-        target = BACKENDS[name]
-    except KeyError:
-        raise InvalidArgument.field("backend", f"unknown backend {name!r}; known: {sorted(BACKENDS)}") from None
-    module_name, _, class_name = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
+        cls = BACKENDS.load(name)
+    except UnknownName as exc:
+        raise InvalidArgument.field("backend", str(exc)) from None
     backend = cls(config)
     if not isinstance(backend, TrainerBackend):
-        raise TypeError(f"{target} does not implement TrainerBackend")
+        raise TypeError(f"{BACKENDS.targets[name]} does not implement TrainerBackend")
     return backend
