@@ -201,7 +201,12 @@ def _corpus(seed: int, extra: Sequence[str] = ()) -> list[str]:
     return docs
 
 
-def build_fake_tokenizer(vocab_size: int = 1024, seed: int = 0, corpus: Sequence[str] = ()) -> Any:
+def build_fake_tokenizer(
+    vocab_size: int = 1024,
+    seed: int = 0,
+    corpus: Sequence[str] = (),
+    special_tokens: Sequence[str] = FAKE_SPECIAL_TOKENS,
+) -> Any:
     """A byte-level BPE ``tokenizers.Tokenizer`` trained locally (Qwen2-style pre-tokenization).
 
     Args:
@@ -211,6 +216,8 @@ def build_fake_tokenizer(vocab_size: int = 1024, seed: int = 0, corpus: Sequence
         seed: Seed of the synthetic corpus.
         corpus: Extra training texts (e.g. real request bodies, for a tokenizer
             that splits them about as a production one does).
+        special_tokens: Its special tokens, ids 0.. in order (another family's markers,
+            e.g. Llama 3's ``<|start_header_id|>``...).
 
     Returns:
         The ``tokenizers.Tokenizer``.
@@ -228,7 +235,7 @@ def build_fake_tokenizer(vocab_size: int = 1024, seed: int = 0, corpus: Sequence
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
-        special_tokens=list(FAKE_SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )

@@ -62,13 +62,14 @@ def test_a_tokenizer_other_than_inferences_is_refused(info: ModelInfo, tmp_path:
 
 
 def test_a_template_of_no_known_family_is_refused_naming_what_it_lacks(info: ModelInfo) -> None:
-    llama3 = "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}{{ '<|python_tag|>' }}"
+    mistral = "{{ '[INST] ' + message['content'] + ' [/INST]' }}{{ '[TOOL_CALLS]' }}"
     with pytest.raises(FailedPrecondition) as err:
-        ModelRuntime.load(dataclasses.replace(info, chat_template=llama3))
+        ModelRuntime.load(dataclasses.replace(info, chat_template=mistral))
     assert err.value.reason == "BAD_FAMILY"
     assert "hermes needs <|im_start|>, <tool_call>" in err.value.message
-    with pytest.raises(FailedPrecondition, match="unknown model family 'llama3'"):
-        ModelRuntime.load(info, family="llama3")
+    assert "llama3 needs <|start_header_id|>, <|end_header_id|>, <|eot_id|>, tool_calls" in err.value.message
+    with pytest.raises(FailedPrecondition, match="unknown model family 'mistral'"):
+        ModelRuntime.load(info, family="mistral")
 
 
 class _Engine:

@@ -1,16 +1,25 @@
 """Model families: the markers of a chat template and the parsers that match it.
 
 A family knows how its template frames a turn (message-start token,
-assistant header, end-of-turn token) and how the model writes reasoning and
+assistant header, end-of-turn tokens) and how the model writes reasoning and
 tool calls, so the proxy can (a) cut prompts into per-message chunks, (b) find
 where an assistant turn's sampled tokens go when splicing, and (c) parse the
 sampled text into reasoning, text and tool calls while it streams.
 
-Families live in a registry (:data:`FAMILIES`, :func:`family_for`) so that
-more can be added; the first is ``hermes``: ChatML framing with
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` and
-``<think>...</think>`` (Qwen2.5/Qwen3, Hermes 2/3, and the project's tiny
-test model).
+What the proxy needs of a family is the :class:`Family` protocol, and of its
+parser the :class:`StreamParser` protocol. Families live in a registry
+(:data:`FAMILIES`, :func:`family_for`):
+
+* ``hermes``: ChatML framing with
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` and
+  ``<think>...</think>`` (Qwen2.5/Qwen3, Hermes 2/3, and the project's tiny
+  test model); the calls as vLLM's ``hermes`` tool parser reads them, the
+  reasoning as its ``qwen3`` reasoning parser does.
+* ``llama3``: Llama 3.1+ framing
+  (``<|start_header_id|>role<|end_header_id|>\\n\\n...<|eot_id|>``) with JSON
+  tool calls ``{"name": ..., "parameters": {...}}``, optionally after
+  ``<|python_tag|>``, several separated by ``;``; the calls as vLLM's
+  ``llama3_json`` tool parser reads them; no reasoning.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -53,6 +62,86 @@ class Event:
     kind: str
     text: str = ""
     call: ParsedCall | None = None
+
+
+class StreamParser(Protocol):
+    """Parses one completion's sampled text while it streams.
+
+    Fed the detokenized text in deltas of any size, it returns :class:`Event` s:
+    ``reasoning`` and ``text`` deltas, and ``tool`` events each carrying one complete,
+    valid call. The events' concatenated reasoning, concatenated text and list of calls
+    are the same however the completion is cut into deltas. A call that is not valid in
+    the family's format is never emitted: what the model wrote is passed on as text.
+    """
+
+    @property
+    def in_reasoning(self) -> bool:
+        """Whether the text fed last is reasoning (counts reasoning tokens)."""
+        ...
+
+    def feed(self, text: str) -> list[Event]:
+        """Parses a text delta; returns the events it completes (possibly none)."""
+        ...
+
+    def finish(self) -> list[Event]:
+        """Flushes what is held at the end of generation; the parser is then spent."""
+        ...
+
+
+class Family(Protocol):
+    """What the proxy needs of a model family (chat-template markers and parsers).
+
+    The markers are text as the chat template writes it; each is a single special token
+    of the family's tokenizers. Used by :class:`~openforge_proxy.domain.runtime.ModelRuntime`
+    (detection, stop ids, manifest), :class:`~openforge_proxy.domain.splice.Splicer`
+    (framing of assistant turns) and the handler (parsing what is sampled).
+    """
+
+    @property
+    def name(self) -> str:
+        """Registry name (``hermes``, ``llama3``)."""
+        ...
+
+    @property
+    def message_start(self) -> str:
+        """Token that starts every message: prompts are cut into per-message chunks at it."""
+        ...
+
+    @property
+    def assistant_header(self) -> str:
+        """Text that opens an assistant turn, up to where the sampled tokens begin."""
+        ...
+
+    @property
+    def end_of_turn(self) -> str:
+        """Token the template writes after an assistant turn (a spliced turn that ended
+        with one of :attr:`end_tokens` stands in for the template's copy)."""
+        ...
+
+    @property
+    def end_tokens(self) -> tuple[str, ...]:
+        """Every token the model may end a turn with (sampling stops at each), the first
+        :attr:`end_of_turn`."""
+        ...
+
+    @property
+    def parsers(self) -> tuple[str, ...]:
+        """The family and its parsers as the run manifest records them (``family:<name>``,
+        ``tool_call:<name>``, and ``reasoning:<name>`` where it has reasoning)."""
+        ...
+
+    def missing(self, template: str) -> list[str]:
+        """The markers of this family that ``template`` lacks (none: it is of this family)."""
+        ...
+
+    def matches(self, template: str) -> bool:
+        """Whether a chat template is of this family (:meth:`missing` is empty)."""
+        ...
+
+    def parser(self, generation_prompt: str) -> StreamParser:
+        """A parser for one completion that follows ``generation_prompt`` (the text the
+        template appends for the assistant's turn, which may open reasoning)."""
+        ...
 
 
 def _partial_suffix(buf: str, markers: tuple[str, ...]) -> int:
@@ -206,13 +295,14 @@ def _raw_arguments(text: str, key: str, args: Any) -> str:
 
 @dataclass(frozen=True)
 class HermesFamily:
-    """ChatML framing with Hermes tool calls and ``<think>`` reasoning.
+    """ChatML framing with Hermes tool calls and ``<think>`` reasoning (a :class:`Family`).
 
     Attributes:
         name: Registry name.
         message_start: Token that starts every message.
         assistant_header: Text that opens an assistant turn.
         end_of_turn: Token that ends a turn.
+        end_tokens: Tokens the model ends a turn with.
         reasoning_open: Opens reasoning.
         reasoning_close: Closes reasoning.
         tool_open: Opens a tool call.
@@ -225,6 +315,7 @@ class HermesFamily:
     message_start: str = "<|im_start|>"
     assistant_header: str = "<|im_start|>assistant\n"
     end_of_turn: str = "<|im_end|>"
+    end_tokens: tuple[str, ...] = ("<|im_end|>",)
     reasoning_open: str = "<think>"
     reasoning_close: str = "</think>"
     tool_open: str = "<tool_call>"
@@ -261,16 +352,22 @@ class HermesFamily:
             return None
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return None
-        key = "arguments" if "arguments" in obj else "parameters"
-        args = obj.get(key, {})
-        if isinstance(args, str):
-            # some models write the arguments as a JSON string
-            try:
-                parsed = orjson.loads(args)
-            except orjson.JSONDecodeError:
-                return ParsedCall(obj["name"], args, args)
-            return ParsedCall(obj["name"], parsed, args)
-        return ParsedCall(obj["name"], args, _raw_arguments(text, key, args))
+        return _call_of(obj, text)
+
+
+def _call_of(obj: dict[str, Any], text: str) -> ParsedCall:
+    """The call a JSON object with a string ``name`` states (its JSON text ``text``): its
+    ``arguments``, else its ``parameters``, else none (``{}``)."""
+    key = "arguments" if "arguments" in obj else "parameters"
+    args = obj.get(key, {})
+    if isinstance(args, str):
+        # some models write the arguments as a JSON string
+        try:
+            parsed = orjson.loads(args)
+        except orjson.JSONDecodeError:
+            return ParsedCall(obj["name"], args, args)
+        return ParsedCall(obj["name"], parsed, args)
+    return ParsedCall(obj["name"], args, _raw_arguments(text, key, args))
 
 
 def _raw_value(text: str, start: int) -> str | None:
@@ -304,10 +401,242 @@ def _raw_value(text: str, start: int) -> str | None:
     return None
 
 
-Family = HermesFamily
+_LEADING_SEPARATORS = re.compile(r"^[\s;]*;")  # what separates a call from what follows
 
-#: Registry: family name → constructor.
-FAMILIES: dict[str, Callable[[], Family]] = {"hermes": HermesFamily}
+
+class Llama3Parser:
+    """Streaming parser of Llama 3.x JSON tool calls (a :class:`StreamParser`; no reasoning).
+
+    The calls are those vLLM's ``Llama3JsonToolParser.extract_tool_calls`` reads: every
+    ``{`` of the completion that is not inside an earlier call starts a JSON object; when
+    each of them is an object with a string ``name`` and an ``arguments`` (else
+    ``parameters``) key, they are the calls, in order; when any is not (not JSON, never
+    closed, no name, no arguments), the completion has no call and all of it is text. The
+    model writes them alone, optionally after ``<|python_tag|>``, several separated by
+    ``;``.
+
+    Streaming: text before the first ``{`` or ``<|python_tag|>`` leaves as it comes (less
+    a held partial tag); what follows is held until it is decided. At the first ``{`` that
+    cannot be a call, all that was held is text, and so is the rest of the completion; the
+    calls are emitted only at :meth:`finish`, since a later ``{`` may still undo them.
+
+    Text: with calls, what the model wrote around them is kept as text, less the
+    ``<|python_tag|>`` marker, the ``;`` separators (with the whitespace before them) and
+    the whitespace before the first call (vLLM drops all of it, as the template writes none: a harness then
+    loses nothing the model said, as with the ``hermes`` family); with no call, the
+    completion is the text, stripped at both ends.
+
+    Args:
+        family: The markers.
+    """
+
+    def __init__(self, family: Llama3Family) -> None:
+        self._tag = family.python_tag
+        self._buf = ""  # text: what is not yet sent (a partial tag); held: all that is held
+        self._mode = "text"  # text -> held (a `{` or the tag) -> plain (no call) | finished
+        self._piece = 0  # held: where the text after the last call begins
+        self._pieces: list[str | ParsedCall] = []  # held: text and calls, in order
+        self._obj = -1  # held: where the object being read begins (-1: none)
+        self._scan = 0  # held: where reading resumes
+        self._depth = 0
+        self._in_str = False
+        self._escape = False
+        self._pending_ws = ""
+        self._text_started = False
+
+    @property
+    def in_reasoning(self) -> bool:
+        """Always False: the family has no reasoning."""
+        return False
+
+    def feed(self, text: str) -> list[Event]:
+        """Parses a text delta."""
+        if self._mode == "plain":
+            return self._text(text)
+        self._buf += text
+        return self._drain()
+
+    def finish(self) -> list[Event]:
+        """Flushes what is held: the calls when every object was one, else all as text."""
+        out: list[Event] = []
+        if self._mode == "text":
+            out = self._text(self._buf)
+        elif self._mode == "held":
+            calls = [p for p in self._pieces if isinstance(p, ParsedCall)]
+            if self._obj >= 0 or not calls:
+                out = self._text(self._buf)
+            else:
+                self._pending_ws = ""  # the whitespace before the first call
+                self._pieces.append(self._buf[self._piece :])
+                for piece in self._pieces:
+                    if isinstance(piece, ParsedCall):
+                        out.append(Event("tool", call=piece))
+                        continue
+                    piece = _LEADING_SEPARATORS.sub("", piece.replace(self._tag, ""), count=1)
+                    if piece.strip():
+                        out.extend(self._text(piece))
+        self._buf = ""
+        self._pending_ws = ""
+        self._mode = "finished"
+        return out
+
+    def _text(self, text: str) -> list[Event]:
+        if not self._text_started:
+            text = text.lstrip()
+            if not text:
+                return []
+            self._text_started = True
+        body = self._pending_ws + text
+        stripped = body.rstrip()
+        self._pending_ws = body[len(stripped) :]
+        return [Event("text", stripped)] if stripped else []
+
+    def _drain(self) -> list[Event]:
+        if self._mode == "text":
+            brace = self._buf.find("{")
+            tag = self._buf.find(self._tag)
+            starts = [i for i in (brace, tag) if i >= 0]
+            if not starts:
+                keep = _partial_suffix(self._buf, (self._tag,))
+                out = self._text(self._buf[: len(self._buf) - keep])
+                self._buf = self._buf[len(self._buf) - keep :]
+                return out
+            at = min(starts)
+            out = self._text(self._buf[:at])
+            self._buf = self._buf[at:]
+            self._mode = "held"
+            return out + self._read()
+        return self._read()
+
+    def _read(self) -> list[Event]:
+        """Reads the held objects as far as they arrived; at one that is no call, gives up."""
+        buf = self._buf
+        while True:
+            if self._obj < 0:
+                at = buf.find("{", self._scan)
+                if at < 0:
+                    self._scan = len(buf)
+                    return []
+                self._pieces.append(buf[self._piece : at])
+                self._obj, self._scan = at, at + 1
+                self._depth, self._in_str, self._escape = 1, False, False
+                first = buf[at + 1 :].lstrip()
+                if not first:
+                    return []
+            if self._scan == self._obj + 1:
+                # an object begins with a key or ends: anything else is not JSON
+                first = buf[self._obj + 1 :].lstrip()
+                if not first:
+                    return []
+                if first[0] not in '"}':
+                    return self._no_call()
+            end = self._close(buf)
+            if end < 0:
+                return []
+            body = buf[self._obj : end]
+            call = _json_call(body)
+            if call is None:
+                return self._no_call()
+            self._pieces.append(call)
+            self._obj = -1
+            self._piece = self._scan = end
+
+    def _close(self, buf: str) -> int:
+        """Scans the object being read; the index after its closing brace, or -1."""
+        depth, in_str, escape = self._depth, self._in_str, self._escape
+        i = self._scan
+        n = len(buf)
+        while i < n:
+            ch = buf[i]
+            i += 1
+            if in_str:
+                if escape:
+                    escape = False
+                elif ch == "\\":
+                    escape = True
+                elif ch == '"':
+                    in_str = False
+            elif ch == '"':
+                in_str = True
+            elif ch in "{[":
+                depth += 1
+            elif ch in "}]":
+                depth -= 1
+                if depth == 0:
+                    self._scan = i
+                    return i
+        self._depth, self._in_str, self._escape, self._scan = depth, in_str, escape, i
+        return -1
+
+    def _no_call(self) -> list[Event]:
+        self._mode = "plain"
+        text, self._buf = self._buf, ""
+        self._pieces = []
+        return self._text(text)
+
+
+def _json_call(text: str) -> ParsedCall | None:
+    """The call a Llama JSON object states: a string ``name`` and ``arguments`` or
+    ``parameters`` (vLLM's rule); None when ``text`` is not one."""
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    if "arguments" not in obj and "parameters" not in obj:
+        return None
+    return _call_of(obj, text)
+
+
+@dataclass(frozen=True)
+class Llama3Family:
+    """Llama 3.1+ framing with JSON tool calls and no reasoning (a :class:`Family`).
+
+    Attributes:
+        name: Registry name.
+        message_start: Token that starts every message.
+        assistant_header: Text that opens an assistant turn.
+        end_of_turn: Token that ends a turn (the template writes it after each message).
+        end_tokens: Tokens the model ends a turn with: ``<|eot_id|>``, and ``<|eom_id|>``
+            after a call that expects a result (Llama 3.1's built-in tools).
+        header_end: Token that ends a message's role header.
+        python_tag: Token a model may write before its calls.
+        tool_call_parser: Name of the parser of its tool calls (:class:`Llama3Parser`; vLLM's
+            ``llama3_json`` rules).
+    """
+
+    name: str = "llama3"
+    message_start: str = "<|start_header_id|>"
+    assistant_header: str = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    end_of_turn: str = "<|eot_id|>"
+    end_tokens: tuple[str, ...] = ("<|eot_id|>", "<|eom_id|>")
+    header_end: str = "<|end_header_id|>"
+    python_tag: str = "<|python_tag|>"
+    tool_call_parser: str = "llama3_json"
+
+    @property
+    def parsers(self) -> tuple[str, ...]:
+        """``family:llama3``, ``tool_call:llama3_json`` (no reasoning parser)."""
+        return (f"family:{self.name}", f"tool_call:{self.tool_call_parser}")
+
+    def missing(self, template: str) -> list[str]:
+        """The markers of this family that ``template`` lacks: its framing tokens, and
+        ``tool_calls`` (a template that renders no assistant's calls serves no agent)."""
+        markers = (self.message_start, self.header_end, self.end_of_turn, "tool_calls")
+        return [m for m in markers if m not in template]
+
+    def matches(self, template: str) -> bool:
+        """Whether a chat template is of this family."""
+        return not self.missing(template)
+
+    def parser(self, generation_prompt: str) -> Llama3Parser:
+        """A parser for one completion (the generation prompt opens nothing it parses)."""
+        return Llama3Parser(self)
+
+
+#: Registry: family name → constructor (``auto`` tries them in this order).
+FAMILIES: dict[str, Callable[[], Family]] = {"hermes": HermesFamily, "llama3": Llama3Family}
 
 
 def family_for(name: str, template: str) -> Family:

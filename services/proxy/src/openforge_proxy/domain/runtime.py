@@ -52,7 +52,8 @@ class ModelRuntime:
         family: Markers and parsers.
         codec: The tokenizer.
         generation_prompt: Text the template appends for the assistant's turn.
-        eos_ids: Ids that end a turn (inference's EOS ids plus the family's end-of-turn token).
+        eos_ids: Ids that end a turn (inference's EOS ids plus the family's end tokens that are
+            tokens of the tokenizer).
         template_kwargs: Extra template variables used for every render.
         served: What it serves with, for the run manifest.
     """
@@ -102,9 +103,10 @@ class ModelRuntime:
         kwargs = dict(template_kwargs or {})
         template = ChatTemplate(info.chat_template, _special_tokens(directory))
         eos = set(info.eos_token_ids)
-        eot = codec.token_id(fam.end_of_turn)
-        if eot is not None:
-            eos.add(eot)
+        for token in fam.end_tokens:
+            eot = codec.token_id(token)
+            if eot is not None:
+                eos.add(eot)
         return cls(
             info=info,
             template=template,

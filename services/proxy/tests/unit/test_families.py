@@ -1,0 +1,121 @@
+"""Model families: detection from the chat template, the served model of a Llama 3 template
+(stop ids, manifest parsers), and the Llama 3 parser's rules on readable examples (the
+differential test against vLLM covers them at scale)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from openforge_proxy.domain.engine import ModelInfo
+from openforge_proxy.domain.families import Event, Family, HermesFamily, Llama3Family, family_for
+from openforge_proxy.domain.runtime import ModelRuntime
+from openforge_testing.fakes import HERMES_TEMPLATE, build_fake_tokenizer
+
+LLAMA_SPECIAL_TOKENS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+)
+
+#: The framing and tool-call rendering of Llama 3.1's template, shortened.
+LLAMA3_TEMPLATE = """\
+{{- bos_token }}
+{%- for message in messages %}
+{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' }}
+{%- if message.tool_calls is defined and message.tool_calls %}
+{%- for tool_call in message.tool_calls %}
+{{- '{"name": "' + tool_call.function.name + '", "parameters": ' + (tool_call.function.arguments | tojson) + '}' }}
+{%- endfor %}
+{%- else %}
+{{- message.content }}
+{%- endif %}
+{{- '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+
+
+def test_the_family_is_detected_from_the_template() -> None:
+    assert family_for("auto", HERMES_TEMPLATE) == HermesFamily()
+    assert family_for("auto", LLAMA3_TEMPLATE) == Llama3Family()
+    assert family_for("llama3", HERMES_TEMPLATE) == Llama3Family()  # a name is taken as given
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("llama")
+    build_fake_tokenizer(special_tokens=LLAMA_SPECIAL_TOKENS).save(str(out / "tokenizer.json"))
+    config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out
+
+
+def test_a_llama3_model_stops_at_either_end_token_and_reports_its_parsers(llama_dir: Path) -> None:
+    info = ModelInfo(
+        model_path=str(llama_dir),
+        model_name="m",
+        chat_template=LLAMA3_TEMPLATE,
+        chat_template_hash="sha256:" + hashlib.sha256(LLAMA3_TEMPLATE.encode()).hexdigest(),
+        tokenizer_hash="sha256:" + hashlib.sha256((llama_dir / "tokenizer.json").read_bytes()).hexdigest(),
+        eos_token_ids=(LLAMA_SPECIAL_TOKENS.index("<|end_of_text|>"),),
+        context_length=8192,
+    )
+    rt = ModelRuntime.load(info)
+    assert isinstance(rt.family, Llama3Family)
+    ids = {LLAMA_SPECIAL_TOKENS.index(t) for t in ("<|end_of_text|>", "<|eot_id|>", "<|eom_id|>")}
+    assert rt.eos_ids == ids
+    assert rt.generation_prompt == "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    assert rt.served.parsers == ("family:llama3", "tool_call:llama3_json")
+
+
+def _parse(family: Family, text: str) -> list[Event]:
+    parser = family.parser("")
+    events = [ev for ch in text for ev in parser.feed(ch)]
+    return events + parser.finish()
+
+
+def _summary(events: list[Event]) -> tuple[str, list[tuple[str, str]]]:
+    text = "".join(ev.text for ev in events if ev.kind == "text")
+    calls = [(ev.call.name, ev.call.arguments_json) for ev in events if ev.call is not None]
+    return text, calls
+
+
+def test_llama3_calls_after_the_python_tag_separated_by_semicolons() -> None:
+    text = '<|python_tag|>{"name": "a", "parameters": {"x": {"y": "}"}}}; {"name": "b", "arguments": {}}'
+    assert _summary(_parse(Llama3Family(), text)) == ("", [("a", '{"x": {"y": "}"}}'), ("b", "{}")])
+
+
+def test_llama3_text_around_calls_is_kept_less_the_tag_and_separators() -> None:
+    text = 'Let me look.\n<|python_tag|>{"name": "a", "parameters": {}} ;\n\nThen I answer.'
+    assert _summary(_parse(Llama3Family(), text)) == ("Let me look.\n\nThen I answer.", [("a", "{}")])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Use {x} here.",  # not JSON
+        '{"name": "a", "parameters": {}} and {"k": 1}',  # a later object is no call: none is
+        '{"name": "a", "parameters": {"x": 1}',  # never closed
+        '{"name": "a"}',  # no arguments
+        "<|python_tag|>brave_search.call(query='x')",  # a built-in tool, no JSON call
+    ],
+)
+def test_llama3_braces_that_are_not_all_calls_are_text(text: str) -> None:
+    assert _summary(_parse(Llama3Family(), text)) == (text, [])
+
+
+def test_text_before_the_first_brace_streams_before_the_call_is_decided() -> None:
+    parser = Llama3Family().parser("")
+    assert [ev.text for ev in parser.feed("Sure, calling it now: ")] == ["Sure, calling it now:"]
+    assert parser.feed('{"name": "a", "parameters": {}}') == []  # a later `{` could undo it
+    assert [ev.call.name for ev in parser.finish() if ev.call is not None] == ["a"]
