@@ -119,7 +119,7 @@ def test_empty_or_non_mapping_file_is_refused(tmp_path: Path, text: str) -> None
 
 
 def test_the_demo_config_passes_the_checks(tmp_path: Path) -> None:
-    from openforge_cli.train import check_config, load_train_config
+    from openforge_cli.train_config import check_config, load_train_config
 
     cfg = load_train_config(ROOT / "examples" / "demo" / "demo.yaml")
     check_config(cfg.model_copy(update={"stack": cfg.stack.model_copy(update={"tasks_root": TASKS})}))
@@ -157,7 +157,8 @@ def test_harness_not_installed_is_named_before_anything_starts(tmp_path: Path, m
 
 
 def test_the_warm_start_engine_gets_the_demonstrators_error_rate_kind_and_the_run_seed(tmp_path: Path) -> None:
-    from openforge_cli.train import LocalStack, load_train_config
+    from openforge_cli.stack import LocalStack
+    from openforge_cli.train_config import load_train_config
 
     cfg = load_train_config(ROOT / "examples" / "demo" / "demo.yaml")
     warm_start = cfg.warm_start

@@ -13,13 +13,8 @@ from click.testing import CliRunner
 from openforge.common.v1 import common_pb2
 from openforge_cli.eval import report_table, split_tasks, summarize
 from openforge_cli.main import main
-from openforge_cli.train import (
-    Phases,
-    TrainConfig,
-    comparison_table,
-    export_model,
-    load_train_config,
-)
+from openforge_cli.train import Phases, comparison_table, export_model
+from openforge_cli.train_config import TrainConfig, load_train_config
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "examples" / "demo" / "demo.yaml"
@@ -143,7 +138,7 @@ def test_attaching_to_running_services_refuses_a_warm_start(tmp_path: Path) -> N
 def test_stop_signal_is_awaitable_in_each_event_loop_in_turn() -> None:
     import asyncio
 
-    from openforge_cli.train import StopSignal
+    from openforge_cli.stop_signals import StopSignal
 
     stop = StopSignal()
 

@@ -402,8 +402,8 @@ def eval_command(
     import json
 
     from openforge_cli.compare import HarnessResult, harness_table, read_costs
-    from openforge_cli.train import (
-        LocalStack,
+    from openforge_cli.stack import LocalStack
+    from openforge_cli.train_config import (
         check_installed,
         check_names,
         check_run_config,

@@ -40,7 +40,7 @@ from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_cli.compare import RolloutCost, rollout_cost
 from openforge_cli.dash import views
-from openforge_cli.train import EVAL_PHASES, eval_run_id
+from openforge_cli.train_config import EVAL_PHASES, eval_run_id
 from openforge_core.rpc.client import open_channel
 
 if TYPE_CHECKING:
