@@ -57,7 +57,8 @@ class ModelSettings(SettingsSection):
         path: Where this process reads the model directory (for
             ``tokenizer.json``); empty = the ``model_path`` inference reports
             (one machine, or a shared volume).
-        family: Chat-template family (``auto`` detects it; ``hermes``).
+        family: Chat-template family: ``auto`` detects it from the template, or ``hermes``
+            (Qwen2.5, Qwen3), ``llama3`` (Llama 3.1+ JSON tool calls).
         template_kwargs: Extra chat-template variables, e.g.
             ``{"enable_thinking": false}`` (JSON in the environment).
         check_tokenizer_hash: Refuse a tokenizer that differs from inference's.
