@@ -270,3 +270,9 @@ async def start_proxy() -> AsyncIterator[StartProxy]:
     yield start
     for p in started:
         await p.stop()
+
+
+@pytest.fixture(scope="session")
+def llama3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fake model directory with a Llama 3.1-style template and Llama 3's special tokens."""
+    return build_fake_model_dir(tmp_path_factory.mktemp("fake-model-llama3"), template="llama3")

@@ -10,14 +10,19 @@
   every assistant turn (rendering a conversation always extends the previous
   rendering); ``qwen3`` drops the reasoning of assistant turns before the last
   user message, as Qwen3's template does, so re-rendering history from text
-  does *not* reproduce what the model saw (what token splicing is for).
+  does *not* reproduce what the model saw (what token splicing is for). A
+  third, ``llama3``, is a Llama 3.1-style template (header-framed messages,
+  ``<|eot_id|>``/``<|eom_id|>``, JSON tool calls with ``parameters``, tool
+  results as ``ipython``) over a tokenizer carrying Llama 3's special tokens.
   There are no weights: nothing can load it as a model.
 * :class:`ScriptedInferenceServer` is a fake ``openforge.inference.v1.InferenceService``
   on a real ``grpc.aio`` server: ``Generate`` tokenizes the next scripted
   completion text with the same tokenizer and streams its ids token by token
   with deterministic logprobs and the configured policy version;
-  ``GetModelInfo`` describes the fake model directory. It records every
-  request so tests can check what the engine saw.
+  ``GetModelInfo`` describes the fake model directory. A completion may also be
+  scripted as token ids, streamed as they are (spellings a tokenizer would not
+  produce, another end token). It records every request so tests can check what
+  the engine saw.
 """
 
 from __future__ import annotations
@@ -175,7 +180,134 @@ QWEN3_TEMPLATE = (
     + _OTHER_ROLES
 )
 
-TEMPLATES = {"hermes": HERMES_TEMPLATE, "qwen3": QWEN3_TEMPLATE}
+#: Special tokens of the fake Llama 3 tokenizer, ids 0..7 (the markers of the Llama 3.1 format).
+LLAMA3_SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+    "<|finetune_right_pad_id|>",
+)
+
+#: Llama 3.1-style template, written from the format's description in Meta's Llama 3.1 model
+#: card (not a copy of Meta's template): ``<|begin_of_text|>`` (the tokenizer's ``bos_token``),
+#: every message ``<|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>``, a system message
+#: always (with ``Environment: ipython`` and the tool definitions when tools are given, and a
+#: fixed date: no clock), tool results as the ``ipython`` role, an assistant's calls written
+#: ``{"name": ..., "parameters": {...}}`` (several separated by ``; ``) and its turn then ended
+#: with ``<|eom_id|>`` (the model card: a message that waits for a tool's result), and the
+#: generation prompt ``<|start_header_id|>assistant<|end_header_id|>\n\n``.
+LLAMA3_TEMPLATE = (
+    _CONTENT_MACRO
+    + """\
+{%- macro render_call(tool_call) -%}
+{%- set call = tool_call.function if tool_call.function is defined else tool_call -%}
+{{- '{"name": "' + call.name + '", "parameters": ' -}}
+{%- if call.arguments is string -%}{{- call.arguments -}}{%- else -%}{{- call.arguments | tojson -}}{%- endif -%}
+{{- '}' -}}
+{%- endmacro -%}
+{%- if date_string is not defined %}
+{%- set date_string = '26 Jul 2024' %}
+{%- endif %}
+{{- bos_token }}
+{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}
+{%- if tools %}
+{{- 'Environment: ipython\\n' }}
+{%- endif %}
+{{- 'Cutting Knowledge Date: December 2023\\nToday Date: ' + date_string + '\\n\\n' }}
+{%- if tools %}
+{{- 'You have access to the following functions. To call a function, respond with JSON ' }}
+{{- 'in the format {"name": function name, "parameters": dictionary of argument name and its ' }}
+{{- 'value}. Do not use variables.\\n\\n' }}
+{%- for tool in tools %}
+{{- (tool | tojson) + '\\n\\n' }}
+{%- endfor %}
+{%- endif %}
+{%- if messages[0].role == 'system' %}
+{{- render_content(messages[0].content) }}
+{%- endif %}
+{{- '<|eot_id|>' }}
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{%- if not loop.first %}
+{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' + render_content(message.content) + '<|eot_id|>' }}
+{%- endif %}
+{%- elif message.role == 'user' %}
+{{- '<|start_header_id|>user<|end_header_id|>\\n\\n' + render_content(message.content) + '<|eot_id|>' }}
+{%- elif message.role == 'assistant' %}
+{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' + render_content(message.content) }}
+{%- if message.tool_calls is defined and message.tool_calls %}
+{%- if message.content %}
+{{- '\\n' }}
+{%- endif %}
+{%- for tool_call in message.tool_calls %}
+{%- if not loop.first %}
+{{- '; ' }}
+{%- endif %}
+{{- render_call(tool_call) }}
+{%- endfor %}
+{{- '<|eom_id|>' }}
+{%- else %}
+{{- '<|eot_id|>' }}
+{%- endif %}
+{%- elif message.role == 'tool' or message.role == 'ipython' %}
+{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + render_content(message.content) + '<|eot_id|>' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+)
+
+TEMPLATES = {"hermes": HERMES_TEMPLATE, "qwen3": QWEN3_TEMPLATE, "llama3": LLAMA3_TEMPLATE}
+
+
+@dataclass(frozen=True)
+class FakeTokenizerSpec:
+    """What a template family's fake tokenizer carries.
+
+    Attributes:
+        special_tokens: Its special tokens, ids 0.. in order.
+        bos_token: ``tokenizer_config.json``'s ``bos_token`` (None: none).
+        eos_token: ``tokenizer_config.json``'s ``eos_token`` (``config.json``'s ``eos_token_id``).
+        pad_token: ``tokenizer_config.json``'s ``pad_token``.
+        model_type: ``config.json``'s ``model_type``.
+        corpus: Training texts added to the synthetic corpus (the family's tool-call format).
+    """
+
+    special_tokens: tuple[str, ...]
+    bos_token: str | None
+    eos_token: str
+    pad_token: str
+    model_type: str
+    corpus: tuple[str, ...] = ()
+
+
+_HERMES_SPEC = FakeTokenizerSpec(FAKE_SPECIAL_TOKENS, None, "<|im_end|>", "<|endoftext|>", "qwen2")
+_LLAMA3_CORPUS = (
+    '{"name": "exec", "parameters": {"command": "echo hello-from-harness > hello.txt && cat hello.txt"}}',
+    '{"name": "read_file", "parameters": {"path": "hello.txt"}}; {"name": "exec", "parameters": {"command": "ls"}}',
+    "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n",
+    "You have access to the following functions. To call a function, respond with JSON in the format",
+) * 30
+
+#: Template name → what its fake tokenizer carries.
+TOKENIZER_SPECS: dict[str, FakeTokenizerSpec] = {
+    "hermes": _HERMES_SPEC,
+    "qwen3": _HERMES_SPEC,
+    "llama3": FakeTokenizerSpec(
+        LLAMA3_SPECIAL_TOKENS,
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        "<|finetune_right_pad_id|>",
+        "llama",
+        _LLAMA3_CORPUS,
+    ),
+}
 
 _WORDS = (
     "the a of to in and is it file files test code function error result output input user assistant "
@@ -255,7 +387,8 @@ def build_fake_model_dir(
 
     Args:
         out_dir: Directory to write (created).
-        template: ``hermes`` or ``qwen3`` (see the module docstring).
+        template: ``hermes``, ``qwen3`` or ``llama3`` (see the module docstring); the
+            tokenizer carries that family's special tokens (:data:`TOKENIZER_SPECS`).
         context_length: ``max_position_embeddings`` written to ``config.json``.
         vocab_size: Target vocabulary size of the fake tokenizer.
         corpus: Extra tokenizer training texts (see :func:`build_fake_tokenizer`).
@@ -263,22 +396,23 @@ def build_fake_model_dir(
     Returns:
         ``out_dir``.
     """
+    spec = TOKENIZER_SPECS[template]
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok = build_fake_tokenizer(vocab_size, corpus=corpus)
+    tok = build_fake_tokenizer(vocab_size, corpus=(*spec.corpus, *corpus), special_tokens=spec.special_tokens)
     tok.save(str(out_dir / "tokenizer.json"))
     vocab = tok.get_vocab_size(with_added_tokens=True)
     (out_dir / "config.json").write_text(
         json.dumps(
             {
-                "model_type": "qwen2",
+                "model_type": spec.model_type,
                 "vocab_size": vocab,
                 "max_position_embeddings": context_length,
-                "eos_token_id": FAKE_SPECIAL_TOKENS.index("<|im_end|>"),
+                "eos_token_id": spec.special_tokens.index(spec.eos_token),
             }
         )
     )
     (out_dir / "tokenizer_config.json").write_text(
-        json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None})
+        json.dumps({"eos_token": spec.eos_token, "pad_token": spec.pad_token, "bos_token": spec.bos_token})
     )
     (out_dir / "chat_template.jinja").write_text(TEMPLATES[template])
     return out_dir
@@ -318,6 +452,8 @@ class SeenRequest:
 
 
 Script = Callable[[list[int]], str]
+#: A scripted completion: text (tokenized, then the model's EOS), or the exact ids to stream.
+Completion = str | Sequence[int]
 
 
 class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
@@ -325,9 +461,11 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
 
     Args:
         model_dir: A directory from :func:`build_fake_model_dir`.
-        completions: Completion texts answered in order (each followed by
-            ``<|im_end|>``); a callable ``(prompt_ids) -> text`` answers every
-            call once the list is used up.
+        completions: Completions answered in order: a text is tokenized and followed by
+            the model's EOS (``tokenizer_config.json``'s ``eos_token``: ``<|im_end|>``,
+            ``<|eot_id|>``); token ids are streamed as they are (end token included);
+            ``default``, a callable ``(prompt_ids) -> text``, answers every call once the
+            list is used up.
         policy_version: Reported on every token.
         tokens_per_message: Token ids per streamed message.
         token_delay_s: Sleep between streamed messages, seconds.
@@ -339,7 +477,7 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
     def __init__(
         self,
         model_dir: Path,
-        completions: Sequence[str] = (),
+        completions: Sequence[Completion] = (),
         *,
         default: Script | None = None,
         policy_version: int = 3,
@@ -352,7 +490,7 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
 
         self.model_dir = model_dir
         self._tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        self._queue: deque[str] = deque(completions)
+        self._queue: deque[Completion] = deque(completions)
         self._default = default
         self.policy_version = policy_version
         self.tokens_per_message = tokens_per_message
@@ -367,8 +505,11 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
         #: When set, the next generation streams every logprob with its last message, none with
         #: the others (the totals match, the positions do not: a broken engine).
         self.misplaced_logprobs = False
-        eos = self._tok.token_to_id("<|im_end|>")
-        assert eos is not None, "the fake tokenizer has no <|im_end|>"
+        config = model_dir / "tokenizer_config.json"
+        eos_token = json.loads(config.read_text()).get("eos_token") if config.is_file() else None
+        eos_token = eos_token if isinstance(eos_token, str) else "<|im_end|>"
+        eos = self._tok.token_to_id(eos_token)
+        assert eos is not None, f"the fake tokenizer has no {eos_token}"
         self.eos_id = int(eos)
         self._server: GrpcServer | None = None
         self._thread: threading.Thread | None = None
@@ -377,8 +518,8 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
 
     # --- scripting -------------------------------------------------------------
 
-    def script(self, *completions: str) -> None:
-        """Appends completion texts to answer."""
+    def script(self, *completions: Completion) -> None:
+        """Appends completions (texts or token ids) to answer."""
         self._queue.extend(completions)
 
     def encode(self, text: str) -> list[int]:
@@ -415,7 +556,7 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
     async def Generate(
         self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        """Streams the next scripted completion's token ids (then ``<|im_end|>``)."""
+        """Streams the next scripted completion's token ids (a text's then the EOS)."""
         if self.fail_next:
             code = self.fail_next.pop(0)
             await context.abort(code, "fake inference failure")
@@ -429,13 +570,14 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
             self.seen.append(seen)
         else:
             seen = SeenRequest(request.request_id, [], request.sampling)
+        scripted: Completion
         if self._queue:
-            text = self._queue.popleft()
+            scripted = self._queue.popleft()
         elif self._default is not None:
-            text = self._default(prompt if isinstance(prompt, list) else list(prompt))
+            scripted = self._default(prompt if isinstance(prompt, list) else list(prompt))
         else:
-            text = "OK."
-        ids = [*self.encode(text), self.eos_id]
+            scripted = "OK."
+        ids = [*self.encode(scripted), self.eos_id] if isinstance(scripted, str) else list(scripted)
         max_tokens = request.sampling.max_tokens or len(ids)
         finish = common_pb2.FINISH_REASON_STOP
         if len(ids) > max_tokens:

@@ -13,7 +13,7 @@ import pytest
 from openforge_proxy.domain.engine import ModelInfo
 from openforge_proxy.domain.families import Event, Family, HermesFamily, Llama3Family, family_for
 from openforge_proxy.domain.runtime import ModelRuntime
-from openforge_testing.fakes import HERMES_TEMPLATE, build_fake_tokenizer
+from openforge_testing.fakes import HERMES_TEMPLATE, TEMPLATES, build_fake_model_dir, build_fake_tokenizer
 
 LLAMA_SPECIAL_TOKENS = (
     "<|begin_of_text|>",
@@ -49,6 +49,12 @@ def test_the_family_is_detected_from_the_template() -> None:
     assert family_for("auto", HERMES_TEMPLATE) == HermesFamily()
     assert family_for("auto", LLAMA3_TEMPLATE) == Llama3Family()
     assert family_for("llama3", HERMES_TEMPLATE) == Llama3Family()  # a name is taken as given
+    # the test fakes' templates: Qwen-style ones are hermes, the Llama 3.1-style one llama3
+    assert {name: family_for("auto", src).name for name, src in TEMPLATES.items()} == {
+        "hermes": "hermes",
+        "qwen3": "hermes",
+        "llama3": "llama3",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +94,28 @@ def _summary(events: list[Event]) -> tuple[str, list[tuple[str, str]]]:
     text = "".join(ev.text for ev in events if ev.kind == "text")
     calls = [(ev.call.name, ev.call.arguments_json) for ev in events if ev.call is not None]
     return text, calls
+
+
+def test_the_fake_llama3_model_dir_serves_as_a_llama3_model(tmp_path: Path) -> None:
+    model = build_fake_model_dir(tmp_path / "llama", template="llama3")
+    source = (model / "chat_template.jinja").read_text()
+    info = ModelInfo(
+        model_path=str(model),
+        model_name="m",
+        chat_template=source,
+        chat_template_hash="sha256:" + hashlib.sha256(source.encode()).hexdigest(),
+        tokenizer_hash="sha256:" + hashlib.sha256((model / "tokenizer.json").read_bytes()).hexdigest(),
+        eos_token_ids=(json.loads((model / "config.json").read_text())["eos_token_id"],),
+        context_length=8192,
+    )
+    rt = ModelRuntime.load(info)
+    assert isinstance(rt.family, Llama3Family)
+    assert {rt.codec.decode([i]) for i in rt.eos_ids} == {"<|eot_id|>", "<|eom_id|>"}
+    text = rt.template.render([{"role": "user", "content": "hi"}])
+    assert text.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n")  # bos_token given
+    assert text.endswith("<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>" + rt.generation_prompt)
+    marker_ids = [rt.codec.token_id(m) for m in (*Llama3Family().end_tokens, "<|python_tag|>", "<|begin_of_text|>")]
+    assert None not in marker_ids  # each marker is one special token
 
 
 def test_llama3_calls_after_the_python_tag_separated_by_semicolons() -> None:

@@ -57,6 +57,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from itertools import repeat
 from typing import Any
 
@@ -516,6 +517,10 @@ class Splicer:
             messages' text alone, or a rendered text whose length alone, shows the prompt
             would be longer is refused before it is rendered or tokenized
             (:class:`PromptTooLong`).
+        now: The time the template's ``strftime_now`` gives in every render of the session
+            (default: when the splicer is made, at the session's first call): a template that
+            writes today's date (Llama 3.1-3.3) would otherwise render the history the model
+            saw differently after midnight, and the rollout would break (TEMPLATE_DRIFT).
     """
 
     def __init__(
@@ -530,6 +535,7 @@ class Splicer:
         max_cache_chars: int = 8_000_000,
         template_kwargs: dict[str, Any] | None = None,
         max_prompt_tokens: int = 0,
+        now: datetime | None = None,
     ) -> None:
         self._tpl = template
         self._max_prompt = max_prompt_tokens
@@ -539,6 +545,7 @@ class Splicer:
         self._eot = set(eot_ids)
         self._max_heads = max_heads
         self._kwargs = template_kwargs or {}
+        self._now = now if now is not None else datetime.now()
         header = family.assistant_header
         if not generation_prompt.startswith(header):
             self._prefill = ""
@@ -856,7 +863,9 @@ class Splicer:
                 dicts.append(_sentinel_message(len(order)))
                 order.append(self.turns[turn])
         self._forms = _Forms(view, turns, dicts, order)
-        text = self._tpl.render(dicts, tool_dicts, add_generation_prompt=True, cache=self._loop_cache, **self._kwargs)
+        text = self._tpl.render(
+            dicts, tool_dicts, add_generation_prompt=True, cache=self._loop_cache, now=self._now, **self._kwargs
+        )
         header = self._fam.assistant_header
         eot = self._fam.end_of_turn
         order_ids = [g.turn_id for g in order]

@@ -61,8 +61,15 @@ _JSON_MEMO = 4096
 _TOOL_SETS = 64
 
 
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
+#: Render variable holding the clock ``strftime_now`` reads (not a name a template can write).
+_NOW = "openforge.now"
+
+
+@jinja2.pass_context
+def _strftime_now(context: Context, fmt: str) -> str:
+    """``strftime_now``: the render's clock (:meth:`ChatTemplate.render`'s ``now``), else the time."""
+    now = context.get(_NOW)
+    return (now if isinstance(now, datetime) else datetime.now()).strftime(fmt)
 
 
 #: Attributes of plain dicts (methods); any other ``obj.name`` on a plain dict is an item lookup.
@@ -202,6 +209,7 @@ class ChatTemplate:
         *,
         add_generation_prompt: bool = True,
         cache: LoopCache | None = None,
+        now: datetime | None = None,
         **kwargs: Any,
     ) -> str:
         """Renders a conversation to prompt text.
@@ -214,6 +222,10 @@ class ChatTemplate:
             cache: The conversation's previous render: when the template qualifies, only the
                 loop iterations that may differ from it are rendered (:mod:`.template_loop`);
                 the text is the same.
+            now: The time ``strftime_now`` gives (None: the current time). A session passes the
+                same time to every render, so a template that writes today's date (Llama
+                3.1-3.3: ``Today Date:`` in the system message) renders the conversation the
+                model saw alike after midnight, and the prompt still extends the previous call.
             **kwargs: Extra template variables (``enable_thinking``...).
 
         Returns:
@@ -229,6 +241,8 @@ class ChatTemplate:
             **self._special,
             **kwargs,
         }
+        if now is not None:
+            context[_NOW] = now
         if cache is None:
             return self._template.render(messages=list(messages), **context)
         if self._loop is not None:
@@ -240,10 +254,13 @@ class ChatTemplate:
         return text
 
     def generation_prompt(self, **kwargs: Any) -> str:
-        """The text ``add_generation_prompt=True`` appends after a conversation."""
+        """The text ``add_generation_prompt=True`` appends after a conversation (both renders
+        compared at one time: a template that writes the date would otherwise differ at
+        midnight)."""
         probe = [{"role": "user", "content": "\x00probe\x00"}]
-        with_prompt = self.render(probe, add_generation_prompt=True, **kwargs)
-        without = self.render(probe, add_generation_prompt=False, **kwargs)
+        now = datetime.now()
+        with_prompt = self.render(probe, add_generation_prompt=True, now=now, **kwargs)
+        without = self.render(probe, add_generation_prompt=False, now=now, **kwargs)
         if not with_prompt.startswith(without):
             raise FailedPrecondition("the generation prompt does not extend the conversation", reason="BAD_TEMPLATE")
         return with_prompt[len(without) :]
