@@ -108,7 +108,7 @@ class ProxyApp:
         self.engine = GrpcEngine(settings.services.inference, generate_timeout_s=settings.generate_timeout_s)
         self.loader = ModelLoader(self.engine, settings)
         large = settings.large_body
-        self.body_parser = ProcessBodyParser(large.min_bytes) if large.process else None
+        self.body_parser = ProcessBodyParser(large.min_bytes, large.timeout_s) if large.process else None
         self.handler = CallHandler(
             self.sessions,
             self.engine,

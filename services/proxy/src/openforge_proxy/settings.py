@@ -44,10 +44,13 @@ class LargeBodySettings(SettingsSection):
             whole). False: every body is parsed in the proxy's process (from 1 MiB in a worker
             thread), as the reference path does.
         min_bytes: Smallest body parsed in that process, bytes (after decompression).
+        timeout_s: Most seconds a body may take in that process; then it is killed (a new one
+            is started for the next body) and the body is parsed in the proxy's.
     """
 
     process: bool = True
     min_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    timeout_s: float = Field(default=30.0, gt=0)
 
 
 class ModelSettings(SettingsSection):

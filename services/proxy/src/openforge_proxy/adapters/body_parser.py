@@ -17,9 +17,10 @@ an :class:`~openforge_proxy.domain.output.ApiError`'s ``(kind, message, status)`
 
 The child runs at a lower CPU priority (:data:`NICENESS`): where cores are short, the proxy's
 own process, which serves every other session, runs first. One body is parsed at a time (one
-child). If the child cannot be started or dies, the body is parsed in this process instead (in
-a worker thread, as without this parser) and a new child is started for the next one: a failing
-child costs time, never an answer.
+child). If the child cannot be started, dies, or has not answered within ``timeout_s`` (it is
+then killed), the body is parsed in this process instead (in a worker thread, as without this
+parser) and a new child is started for the next one: a failing child costs time, never an
+answer.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ EV_PARSER_FAILED = "body_parser.failed"
 _HEAD = 8
 #: How much lower than the proxy's the child's CPU priority is (``nice``).
 NICENESS = 10
+#: Default most seconds a body may take in the child (from being sent to its reply being read).
+TIMEOUT_S = 30.0
+#: The child's recursion limit: pickling a value takes a level per nesting level, and
+#: ``orjson`` parses up to 1023 (the interpreter's default limit is 1000).
+_RECURSION_LIMIT = 4096
 _Reply = tuple[dict[str, Any] | None, bytes | None, tuple[str, str, int] | None]
 
 
@@ -60,10 +66,13 @@ class ProcessBodyParser:
     Args:
         min_bytes: Bodies from this size (bytes) are parsed in the child; smaller ones are
             left to the caller (:attr:`min_bytes`).
+        timeout_s: Most seconds a body may take in the child; then the child is killed and
+            the body parsed in this process.
     """
 
-    def __init__(self, min_bytes: int) -> None:
+    def __init__(self, min_bytes: int, timeout_s: float = TIMEOUT_S) -> None:
         self.min_bytes = min_bytes
+        self.timeout_s = timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = asyncio.Lock()
         self._start_lock = threading.Lock()
@@ -94,13 +103,20 @@ class ProcessBodyParser:
         """
         async with self._lock:
             future = asyncio.ensure_future(asyncio.to_thread(self._exchange, body))
+            # a child that has not answered by then is killed: its exchange ends, and the body
+            # is parsed here instead
+            deadline = asyncio.get_running_loop().call_later(self.timeout_s, self._kill_hung)
             try:
                 reply = await asyncio.shield(future)
-            except asyncio.CancelledError:  # the child's reply is still read: the next body's is next
-                with contextlib.suppress(BaseException):
-                    await future
+            except asyncio.CancelledError:
+                # the child's reply is still read, however often this is cancelled: the next
+                # body's exchange starts after this one's ended, never beside it on the pipes
+                while not future.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait([future])
                 raise
             finally:
+                deadline.cancel()
                 del future
         parsed, fixed, error = reply
         if error is not None:
@@ -124,6 +140,12 @@ class ProcessBodyParser:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+    def _kill_hung(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            log.warning(EV_PARSER_FAILED, error=f"no reply within {self.timeout_s:g} s: the child is killed")
+            proc.kill()
 
     def _exchange(self, body: bytes) -> _Reply:
         try:
@@ -208,6 +230,7 @@ if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # on a busy machine the proxy's own process (every other session's calls) runs first
     os.nice(NICENESS)
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), _RECURSION_LIMIT))
     # replies go to a private copy of the output; anything else written to it goes to stderr
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
