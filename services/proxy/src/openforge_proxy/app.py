@@ -138,7 +138,7 @@ class ProxyApp:
         await self.events.ensure_stream("proxy")
         await self.http.start()
         if self.body_parser is not None:  # its process is ready before the first large body
-            await asyncio.to_thread(self.body_parser.start)
+            await asyncio.to_thread(self.body_parser.warm)
         self._sweeper = asyncio.create_task(self._sweep(), name="session-sweeper")
         self._warm = asyncio.create_task(self._warm_up(), name="model-warm-up")
 

@@ -229,3 +229,26 @@ async def test_stopping_the_proxy_while_a_body_is_parsed_leaves_nothing_running(
     assert not _alive(pid)
     assert _pipes() <= pipes
     assert stopped_s < 10, stopped_s  # a wedged child: its deadline (then killed), not aiohttp's grace
+
+
+async def test_a_child_that_cannot_be_started_leaves_bodies_parsed_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxy starts (``warm`` is False, logged) and answers as the reference does."""
+    import sys
+
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")  # the module reads it at start
+    parser = ProcessBodyParser(1)
+    try:
+        assert parser.warm() is False and parser.pid is None
+        body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 100}]})
+        assert await parser.parse(body) == parse_object(body)
+        with pytest.raises(ApiError) as err:
+            await parser.parse(b"{not json")
+        with pytest.raises(ApiError) as ref:
+            parse_object(b"{not json")
+        assert (err.value.kind, err.value.message, err.value.status) == (
+            ref.value.kind,
+            ref.value.message,
+            ref.value.status,
+        )
+    finally:
+        parser.close()

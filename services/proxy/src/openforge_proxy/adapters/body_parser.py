@@ -95,6 +95,16 @@ class ProcessBodyParser:
                     bufsize=0,
                 )
 
+    def warm(self) -> bool:
+        """Starts the child ahead of the first large body; False (logged) when it cannot be
+        started, and large bodies are then parsed in this process until one can. Blocking."""
+        try:
+            self.start()
+        except OSError as exc:
+            log.warning(EV_PARSER_FAILED, error=f"the body parser cannot be started: {exc!r}")
+            return False
+        return True
+
     async def parse(self, body: bytes) -> tuple[dict[str, Any], bytes]:
         """The body parsed as :func:`~openforge_proxy.domain.json_text.parse_object` parses it.
 
