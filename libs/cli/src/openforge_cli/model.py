@@ -8,6 +8,10 @@ from pathlib import Path
 
 import click
 
+#: The families ``openforge_inference.tiny_model`` builds (a library cannot import a service, so
+#: they are named here; a test checks the two lists agree).
+TINY_FAMILIES = ("qwen", "llama3")
+
 
 @click.group()
 def model() -> None:
@@ -24,12 +28,23 @@ def model() -> None:
 )
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True, help="Directory to write.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the weights and the tokenizer corpus.")
-def init_tiny(size: str, out_dir: Path, seed: int) -> None:
-    """Build a random-init Qwen2-architecture model and a locally trained tokenizer in OUT.
+@click.option(
+    "--family",
+    type=click.Choice(TINY_FAMILIES),
+    default="qwen",
+    show_default=True,
+    help="qwen: Qwen2 architecture, Qwen/Hermes chat template; llama3: Llama architecture, "
+    "Llama 3's special tokens, Llama 3.1-style chat template.",
+)
+def init_tiny(size: str, out_dir: Path, seed: int, family: str) -> None:
+    """Build a random-init model and a locally trained tokenizer in OUT.
 
     Nothing is downloaded. The directory loads with transformers' from_pretrained, with vLLM,
-    and with the trainer; its chat template supports tools and <think> reasoning. Needs the
-    inference stack (requirements/inference-cpu.txt).
+    and with the trainer. The default family (qwen) is a Qwen2-architecture model whose chat
+    template supports tools and <think> reasoning; llama3 is a LlamaForCausalLM with Llama 3's
+    special tokens (<|begin_of_text|>, <|start_header_id|>, <|eot_id|>, <|eom_id|>,
+    <|python_tag|>...) and a Llama 3.1-style template with JSON tool calls. Needs the inference
+    stack (requirements/inference-cpu.txt).
     """
     cmd = [
         sys.executable,
@@ -41,8 +56,10 @@ def init_tiny(size: str, out_dir: Path, seed: int) -> None:
         str(out_dir),
         "--seed",
         str(seed),
+        "--family",
+        family,
     ]
     result = subprocess.run(cmd, check=False)
     if result.returncode != 0:
         raise click.ClickException(f"building the tiny model failed (exit {result.returncode})")
-    click.echo(f"tiny {size} model written to {out_dir}")
+    click.echo(f"tiny {size} {family} model written to {out_dir}")

@@ -43,6 +43,7 @@ import grpc
 
 from openforge.common.v1 import common_pb2
 from openforge.inference.v1 import inference_pb2, inference_pb2_grpc
+from openforge_core import chat_formats
 from openforge_core.rpc.server import GrpcServer
 from openforge_core.settings import GrpcServerSettings
 
@@ -64,15 +65,7 @@ _SPLIT = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-_CONTENT_MACRO = """\
-{%- macro render_content(content) -%}
-{%- if content is string -%}{{- content -}}
-{%- elif content is iterable and content is not mapping -%}
-{%- for part in content -%}{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}{%- endfor -%}
-{%- elif content is not none -%}{{- content | tojson -}}
-{%- endif -%}
-{%- endmacro -%}
-"""
+_CONTENT_MACRO = chat_formats.CONTENT_MACRO
 
 _SYSTEM_AND_TOOLS = """\
 {%- if tools %}
@@ -180,88 +173,10 @@ QWEN3_TEMPLATE = (
     + _OTHER_ROLES
 )
 
-#: Special tokens of the fake Llama 3 tokenizer, ids 0..7 (the markers of the Llama 3.1 format).
-LLAMA3_SPECIAL_TOKENS: tuple[str, ...] = (
-    "<|begin_of_text|>",
-    "<|end_of_text|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|python_tag|>",
-    "<|finetune_right_pad_id|>",
-)
-
-#: Llama 3.1-style template, written from the format's description in Meta's Llama 3.1 model
-#: card (not a copy of Meta's template): ``<|begin_of_text|>`` (the tokenizer's ``bos_token``),
-#: every message ``<|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>``, a system message
-#: always (with ``Environment: ipython`` and the tool definitions when tools are given, and a
-#: fixed date: no clock), tool results as the ``ipython`` role, an assistant's calls written
-#: ``{"name": ..., "parameters": {...}}`` (several separated by ``; ``) and its turn then ended
-#: with ``<|eom_id|>`` (the model card: a message that waits for a tool's result), and the
-#: generation prompt ``<|start_header_id|>assistant<|end_header_id|>\n\n``.
-LLAMA3_TEMPLATE = (
-    _CONTENT_MACRO
-    + """\
-{%- macro render_call(tool_call) -%}
-{%- set call = tool_call.function if tool_call.function is defined else tool_call -%}
-{{- '{"name": "' + call.name + '", "parameters": ' -}}
-{%- if call.arguments is string -%}{{- call.arguments -}}{%- else -%}{{- call.arguments | tojson -}}{%- endif -%}
-{{- '}' -}}
-{%- endmacro -%}
-{%- if date_string is not defined %}
-{%- set date_string = '26 Jul 2024' %}
-{%- endif %}
-{{- bos_token }}
-{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}
-{%- if tools %}
-{{- 'Environment: ipython\\n' }}
-{%- endif %}
-{{- 'Cutting Knowledge Date: December 2023\\nToday Date: ' + date_string + '\\n\\n' }}
-{%- if tools %}
-{{- 'You have access to the following functions. To call a function, respond with JSON ' }}
-{{- 'in the format {"name": function name, "parameters": dictionary of argument name and its ' }}
-{{- 'value}. Do not use variables.\\n\\n' }}
-{%- for tool in tools %}
-{{- (tool | tojson) + '\\n\\n' }}
-{%- endfor %}
-{%- endif %}
-{%- if messages[0].role == 'system' %}
-{{- render_content(messages[0].content) }}
-{%- endif %}
-{{- '<|eot_id|>' }}
-{%- for message in messages %}
-{%- if message.role == 'system' %}
-{%- if not loop.first %}
-{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' + render_content(message.content) + '<|eot_id|>' }}
-{%- endif %}
-{%- elif message.role == 'user' %}
-{{- '<|start_header_id|>user<|end_header_id|>\\n\\n' + render_content(message.content) + '<|eot_id|>' }}
-{%- elif message.role == 'assistant' %}
-{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' + render_content(message.content) }}
-{%- if message.tool_calls is defined and message.tool_calls %}
-{%- if message.content %}
-{{- '\\n' }}
-{%- endif %}
-{%- for tool_call in message.tool_calls %}
-{%- if not loop.first %}
-{{- '; ' }}
-{%- endif %}
-{{- render_call(tool_call) }}
-{%- endfor %}
-{{- '<|eom_id|>' }}
-{%- else %}
-{{- '<|eot_id|>' }}
-{%- endif %}
-{%- elif message.role == 'tool' or message.role == 'ipython' %}
-{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + render_content(message.content) + '<|eot_id|>' }}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
-{%- endif %}
-"""
-)
+#: Llama 3's special tokens (ids 0..7) and the Llama 3.1-style template: the tiny model builder's
+#: own (``openforge model init-tiny --family llama3``), from :mod:`openforge_core.chat_formats`.
+LLAMA3_SPECIAL_TOKENS = chat_formats.LLAMA3_SPECIAL_TOKENS
+LLAMA3_TEMPLATE = chat_formats.LLAMA3_TEMPLATE
 
 TEMPLATES = {"hermes": HERMES_TEMPLATE, "qwen3": QWEN3_TEMPLATE, "llama3": LLAMA3_TEMPLATE}
 
@@ -301,9 +216,9 @@ TOKENIZER_SPECS: dict[str, FakeTokenizerSpec] = {
     "qwen3": _HERMES_SPEC,
     "llama3": FakeTokenizerSpec(
         LLAMA3_SPECIAL_TOKENS,
-        "<|begin_of_text|>",
-        "<|eot_id|>",
-        "<|finetune_right_pad_id|>",
+        chat_formats.LLAMA3_BOS_TOKEN,
+        chat_formats.LLAMA3_EOS_TOKEN,
+        chat_formats.LLAMA3_PAD_TOKEN,
         "llama",
         _LLAMA3_CORPUS,
     ),

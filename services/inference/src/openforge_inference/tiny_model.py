@@ -1,18 +1,24 @@
-"""Build a tiny random-init Qwen2-architecture model with a locally trained tokenizer.
+"""Build a tiny random-init model with a locally trained tokenizer, in one of two families.
+
+* ``qwen`` (the default): Qwen2 architecture, a Qwen/Hermes chat template (``<|im_start|>``,
+  ``<tool_call>``, ``<think>``).
+* ``llama3``: Llama architecture (``LlamaForCausalLM``, Llama 3.1 RoPE scaling), a tokenizer
+  carrying Llama 3's special tokens and the Llama 3.1-style template of
+  :mod:`openforge_core.chat_formats` (the one the test fakes use too).
 
 No model hub is ever contacted: the tokenizer is a byte-level BPE trained with ``tokenizers`` on a
 small corpus built into this module (chat, tool-use and code text, expanded deterministically
-from a seed), the weights are random, and everything is written with ``save_pretrained`` in HF
-safetensors format so that ``AutoModelForCausalLM.from_pretrained``,
+from a seed; the llama3 family adds its call format), the weights are random, and everything is
+written with ``save_pretrained`` in HF safetensors format so that ``AutoModelForCausalLM.from_pretrained``,
 ``AutoTokenizer.from_pretrained`` (including ``apply_chat_template`` with tools) and vLLM all
 load the directory like any real checkpoint.
 
 The tokenizer's length equals ``config.vocab_size`` exactly: whatever the BPE trainer does not
 fill is padded with ``<|reserved_N|>`` special tokens, so that every id a random model samples
 decodes (real Qwen checkpoints pad the embedding instead, which a trained model never samples
-from; a random one does).
+from; a random one does). The llama3 family's padding tokens are ``<|reserved_special_token_N|>``.
 
-Run as ``python -m openforge_inference.tiny_model --size 10m --out DIR``.
+Run as ``python -m openforge_inference.tiny_model --size 10m [--family llama3] --out DIR``.
 """
 
 from __future__ import annotations
@@ -27,10 +33,21 @@ from typing import Final, Literal
 
 import structlog
 
+from openforge_core.chat_formats import (
+    LLAMA3_BOS_TOKEN,
+    LLAMA3_END_TOKENS,
+    LLAMA3_EOS_TOKEN,
+    LLAMA3_PAD_TOKEN,
+    LLAMA3_SPECIAL_TOKENS,
+    LLAMA3_TEMPLATE,
+)
+
 __all__ = [
     "CHAT_TEMPLATE",
+    "FAMILIES",
     "SIZES",
     "SPECIAL_TOKENS",
+    "TinyFamily",
     "TinyModelSpec",
     "build_tiny_model",
     "main",
@@ -95,6 +112,12 @@ SIZES: Final[dict[str, TinyModelSpec]] = {
 # newlines, other whitespace).
 _SPLIT_PATTERN: Final = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# Llama 3's pre-tokenization regex: Qwen2's, except that digits go in runs of up to three.
+_LLAMA3_SPLIT_PATTERN: Final = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
@@ -354,6 +377,107 @@ _NAMES: Final[tuple[str, ...]] = (
 )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TinyFamily:
+    """What one model family's tiny model is made of (architecture, tokenizer, template).
+
+    Attributes:
+        architecture: transformers' architecture: ``qwen2`` (``Qwen2ForCausalLM``) or ``llama``
+            (``LlamaForCausalLM``).
+        special_tokens: Special tokens, ids 0.. in this order.
+        chat_template: The Jinja chat template written next to the tokenizer.
+        split_pattern: Pre-tokenization regex of the byte-level BPE.
+        reserved_token: Spelling of the padding special tokens (``{}`` is their index).
+        bos_token: The tokenizer's ``bos_token`` (None: none; the config's ``bos_token_id``
+            is then null too).
+        eos_token: The tokenizer's ``eos_token``.
+        pad_token: The tokenizer's ``pad_token`` (the configs' ``pad_token_id``).
+        extra_special_tokens: The tokenizer's ``additional_special_tokens``.
+        end_tokens: Tokens that end a turn: ``generation_config.json``'s ``eos_token_id``.
+        config_eos_all: ``config.json``'s ``eos_token_id`` is every one of ``end_tokens`` (as
+            Llama 3.1's is) rather than the first (as Qwen2's is).
+        rope_parameters: ``rope_parameters`` of the config.
+        corpus: Texts added to the tokenizer's training corpus (the family's own formats).
+    """
+
+    architecture: Literal["qwen2", "llama"]
+    special_tokens: tuple[str, ...]
+    chat_template: str
+    split_pattern: str
+    reserved_token: str
+    bos_token: str | None
+    eos_token: str
+    pad_token: str
+    extra_special_tokens: tuple[str, ...]
+    end_tokens: tuple[str, ...]
+    config_eos_all: bool
+    rope_parameters: dict[str, str | float | int]
+    corpus: tuple[str, ...] = ()
+
+
+def _llama3_corpus() -> tuple[str, ...]:
+    """Llama 3.1 framing and calls (``{"name": ..., "parameters": ...}``, several joined by
+    ``; ``), built deterministically from the tool names and words of the base corpus."""
+    rng = random.Random(3)
+    docs = [
+        "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n",
+        "You have access to the following functions. To call a function, respond with JSON in the "
+        'format {"name": function name, "parameters": dictionary of argument name and its value}. '
+        "Do not use variables.\n\n",
+        *(f"{role}\n\n" for role in ("system", "user", "assistant", "ipython")),
+    ] * 20
+    for _ in range(1000):
+        calls = [
+            json.dumps({"name": rng.choice(_NAMES), "parameters": {rng.choice(_WORDS): rng.choice(_WORDS)}})
+            for _ in range(rng.randint(1, 2))
+        ]
+        docs.append("; ".join(calls))
+    return tuple(docs)
+
+
+#: The families ``build_tiny_model`` knows; ``qwen`` is the default.
+FAMILIES: Final[dict[str, TinyFamily]] = {
+    "qwen": TinyFamily(
+        architecture="qwen2",
+        special_tokens=SPECIAL_TOKENS,
+        chat_template=CHAT_TEMPLATE,
+        split_pattern=_SPLIT_PATTERN,
+        reserved_token="<|reserved_{}|>",
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        extra_special_tokens=SPECIAL_TOKENS[1:],
+        end_tokens=("<|im_end|>", "<|endoftext|>"),
+        config_eos_all=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+    ),
+    "llama3": TinyFamily(
+        architecture="llama",
+        special_tokens=LLAMA3_SPECIAL_TOKENS,
+        chat_template=LLAMA3_TEMPLATE,
+        split_pattern=_LLAMA3_SPLIT_PATTERN,
+        reserved_token="<|reserved_special_token_{}|>",
+        bos_token=LLAMA3_BOS_TOKEN,
+        eos_token=LLAMA3_EOS_TOKEN,
+        pad_token=LLAMA3_PAD_TOKEN,
+        extra_special_tokens=tuple(t for t in LLAMA3_SPECIAL_TOKENS if t not in (LLAMA3_BOS_TOKEN, LLAMA3_PAD_TOKEN)),
+        end_tokens=LLAMA3_END_TOKENS,
+        config_eos_all=True,
+        # Llama 3.1's RoPE (theta 500k, "llama3" frequency scaling from an 8k original context),
+        # its factor scaled to the tiny context.
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500_000.0,
+            "factor": 4.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        corpus=_llama3_corpus(),
+    ),
+}
+
+
 def _corpus(seed: int) -> list[str]:
     """Return the training corpus: the seed texts plus deterministic synthetic variations.
 
@@ -386,12 +510,13 @@ def _corpus(seed: int) -> list[str]:
     return docs
 
 
-def _train_tokenizer(vocab_size: int, seed: int) -> object:
+def _train_tokenizer(vocab_size: int, seed: int, family: TinyFamily) -> object:
     """Train the byte-level BPE tokenizer, padded to exactly ``vocab_size`` tokens.
 
     Args:
         vocab_size: Final vocabulary size (special + learned + reserved padding tokens).
         seed: Seed of the corpus expansion.
+        family: Its special tokens, pre-tokenization, padding tokens and extra corpus.
 
     Returns:
         A ``tokenizers.Tokenizer``.
@@ -401,7 +526,7 @@ def _train_tokenizer(vocab_size: int, seed: int) -> object:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(family.split_pattern), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -409,60 +534,78 @@ def _train_tokenizer(vocab_size: int, seed: int) -> object:
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(family.special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_corpus(seed), trainer=trainer)
+    tokenizer.train_from_iterator([*_corpus(seed), *family.corpus], trainer=trainer)
     learned = tokenizer.get_vocab_size(with_added_tokens=True)
     if learned < vocab_size:
-        tokenizer.add_special_tokens([f"<|reserved_{i}|>" for i in range(vocab_size - learned)])
+        tokenizer.add_special_tokens([family.reserved_token.format(i) for i in range(vocab_size - learned)])
     return tokenizer
 
 
-def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0) -> Path:
-    """Build a random-init Qwen2 model and its tokenizer in ``out_dir``.
+def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, family: str = "qwen") -> Path:
+    """Build a random-init model of one family and its tokenizer in ``out_dir``.
 
     Writes ``config.json``, ``generation_config.json``, ``model.safetensors``,
     ``tokenizer.json``, ``tokenizer_config.json`` and the chat template with
-    ``save_pretrained``. Deterministic for a given (size, seed) and library versions.
+    ``save_pretrained``. Deterministic for a given (size, seed, family) and library versions.
 
     Args:
         out_dir: Directory to write (created if missing; existing files are overwritten).
         size: One of ``SIZES`` ("1m", "10m", "50m"): approximate parameter count.
         seed: Seed for the weights (``torch.manual_seed``) and the tokenizer corpus.
+        family: One of ``FAMILIES``: ``qwen`` (Qwen2, Hermes/Qwen template) or ``llama3``
+            (Llama, Llama 3.1-style template and special tokens).
 
     Returns:
         The output directory.
 
     Raises:
-        ValueError: ``size`` is not one of ``SIZES``.
+        ValueError: ``size`` is not one of ``SIZES`` or ``family`` not one of ``FAMILIES``.
     """
     if size not in SIZES:
         raise ValueError(f"unknown tiny model size {size!r}; expected one of {sorted(SIZES)}")
-    spec = SIZES[size]
+    if family not in FAMILIES:
+        raise ValueError(f"unknown tiny model family {family!r}; expected one of {sorted(FAMILIES)}")
+    spec, fam = SIZES[size], FAMILIES[family]
     import torch
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    raw_tokenizer = _train_tokenizer(spec.vocab_size, seed)
+    raw_tokenizer = _train_tokenizer(spec.vocab_size, seed, fam)
+    named_tokens = {"eos_token": fam.eos_token, "pad_token": fam.pad_token}
+    if fam.bos_token is not None:
+        named_tokens["bos_token"] = fam.bos_token
     tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=raw_tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
+        **named_tokens,
+        additional_special_tokens=list(fam.extra_special_tokens),
         model_max_length=spec.max_position_embeddings,
         clean_up_tokenization_spaces=False,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = fam.chat_template
     if len(tokenizer) != spec.vocab_size:
         raise AssertionError(f"tokenizer has {len(tokenizer)} tokens, expected {spec.vocab_size}")
 
     vocab = tokenizer.get_vocab()
-    eos_ids = [vocab["<|im_end|>"], vocab["<|endoftext|>"]]
-    config = Qwen2Config(
+    eos_ids = [vocab[token] for token in fam.end_tokens]
+    pad_id = vocab[fam.pad_token]
+    bos_id = None if fam.bos_token is None else vocab[fam.bos_token]
+    config_class, model_class = (
+        (Qwen2Config, Qwen2ForCausalLM) if fam.architecture == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+    )
+    config = config_class(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -470,23 +613,23 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0) -> Pa
         num_attention_heads=spec.num_attention_heads,
         num_key_value_heads=spec.num_key_value_heads,
         max_position_embeddings=spec.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        rope_parameters=dict(fam.rope_parameters),
         tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=eos_ids[0],
-        pad_token_id=eos_ids[1],
+        bos_token_id=bos_id,
+        eos_token_id=eos_ids if fam.config_eos_all else eos_ids[0],
+        pad_token_id=pad_id,
         dtype="float32",
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
+    model = model_class(config)
     generation = GenerationConfig(  # type: ignore[no-untyped-call]
-        eos_token_id=eos_ids, pad_token_id=eos_ids[1], bos_token_id=None
+        eos_token_id=eos_ids, pad_token_id=pad_id, bos_token_id=bos_id
     )
     model.generation_config = generation
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     n_params = sum(p.numel() for p in model.parameters())
-    _log.info(_EVENT_BUILT, path=str(out), size=size, seed=seed, parameters=n_params)
+    _log.info(_EVENT_BUILT, path=str(out), size=size, seed=seed, family=family, parameters=n_params)
     return out
 
 
@@ -542,8 +685,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=sorted(SIZES), default="1m")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="qwen")
     args = parser.parse_args(argv)
-    path = build_tiny_model(args.out, size=args.size, seed=args.seed)
+    path = build_tiny_model(args.out, size=args.size, seed=args.seed, family=args.family)
     sys.stdout.write(f"{path}\n")
     return 0
 
