@@ -12,12 +12,14 @@ from typing import Final
 
 __all__ = [
     "CONTENT_MACRO",
+    "HERMES_TEMPLATE",
     "LLAMA3_BOS_TOKEN",
     "LLAMA3_END_TOKENS",
     "LLAMA3_EOS_TOKEN",
     "LLAMA3_PAD_TOKEN",
     "LLAMA3_SPECIAL_TOKENS",
     "LLAMA3_TEMPLATE",
+    "QWEN3_TEMPLATE",
 ]
 
 #: A Jinja macro ``render_content(content)``: a string as it is, the text parts of a list of
@@ -125,3 +127,109 @@ LLAMA3_PAD_TOKEN: Final = "<|finetune_right_pad_id|>"
 #: Every token that ends an assistant turn, ``eos_token`` first: ``<|eot_id|>`` (a turn's end),
 #: ``<|eom_id|>`` (a message waiting for a tool's result) and ``<|end_of_text|>``.
 LLAMA3_END_TOKENS: Final[tuple[str, ...]] = ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
+
+_SYSTEM_AND_TOOLS: Final = """\
+{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0].role == 'system' %}
+{{- render_content(messages[0].content) + '\\n\\n' }}
+{%- endif %}
+{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
+{{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
+{%- for tool in tools %}
+{{- '\\n' + (tool | tojson) }}
+{%- endfor %}
+{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and ' }}
+{{- 'arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' }}
+{{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\\n' + render_content(messages[0].content) + '<|im_end|>\\n' }}
+{%- endif %}
+"""
+
+_ASSISTANT_BODY: Final = """\
+{{- render_content(message.content) }}
+{%- if message.tool_calls is defined and message.tool_calls %}
+{%- for tool_call in message.tool_calls %}
+{%- set call = tool_call.function if tool_call.function is defined else tool_call %}
+{%- if (not loop.first) or (message.content is not none and message.content) %}
+{{- '\\n' }}
+{%- endif %}
+{{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' }}
+{%- if call.arguments is string %}
+{{- call.arguments }}
+{%- else %}
+{{- call.arguments | tojson }}
+{%- endif %}
+{{- '}\\n</tool_call>' }}
+{%- endfor %}
+{%- endif %}
+{{- '<|im_end|>\\n' }}
+"""
+
+_OTHER_ROLES: Final = """\
+{%- elif message.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+{{- '<|im_start|>user' }}
+{%- endif %}
+{{- '\\n<tool_response>\\n' + render_content(message.content) + '\\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
+{{- '<|im_end|>\\n' }}
+{%- endif %}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}
+{{- '<think>\\n\\n</think>\\n\\n' }}
+{%- endif %}
+{%- endif %}
+"""
+
+#: Hermes-style template that keeps every assistant turn's reasoning.
+HERMES_TEMPLATE: Final = (
+    CONTENT_MACRO
+    + _SYSTEM_AND_TOOLS
+    + """\
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{%- if not loop.first %}
+{{- '<|im_start|>system\\n' + render_content(message.content) + '<|im_end|>\\n' }}
+{%- endif %}
+{%- elif message.role == 'user' %}
+{{- '<|im_start|>user\\n' + render_content(message.content) + '<|im_end|>\\n' }}
+{%- elif message.role == 'assistant' %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if message.reasoning_content is defined and message.reasoning_content is not none %}
+{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}
+{%- endif %}
+"""
+    + _ASSISTANT_BODY
+    + _OTHER_ROLES
+)
+
+#: Qwen3-style template: reasoning only on assistant turns after the last user message.
+QWEN3_TEMPLATE: Final = (
+    CONTENT_MACRO
+    + _SYSTEM_AND_TOOLS
+    + """\
+{%- set ns = namespace(last_user=-1) %}
+{%- for message in messages %}
+{%- if message.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{%- if not loop.first %}
+{{- '<|im_start|>system\\n' + render_content(message.content) + '<|im_end|>\\n' }}
+{%- endif %}
+{%- elif message.role == 'user' %}
+{{- '<|im_start|>user\\n' + render_content(message.content) + '<|im_end|>\\n' }}
+{%- elif message.role == 'assistant' %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if loop.index0 > ns.last_user and message.reasoning_content is defined and message.reasoning_content %}
+{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}
+{%- endif %}
+"""
+    + _ASSISTANT_BODY
+    + _OTHER_ROLES
+)

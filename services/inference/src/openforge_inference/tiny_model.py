@@ -34,6 +34,7 @@ from typing import Final, Literal
 import structlog
 
 from openforge_core.chat_formats import (
+    HERMES_TEMPLATE,
     LLAMA3_BOS_TOKEN,
     LLAMA3_END_TOKENS,
     LLAMA3_EOS_TOKEN,
@@ -127,76 +128,7 @@ _LLAMA3_SPLIT_PATTERN: Final = (
 #: in every assistant turn, so a conversation's rendering always extends the previous one
 #: (token-exact splicing relies on that). ``enable_thinking=false`` pre-fills an empty think block
 #: in the generation prompt, as Qwen3 does.
-CHAT_TEMPLATE: Final = """\
-{%- macro render_content(content) -%}
-{%- if content is string -%}{{- content -}}
-{%- elif content is iterable and content is not mapping -%}
-{%- for part in content -%}{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}{%- endfor -%}
-{%- elif content is not none -%}{{- content | tojson -}}
-{%- endif -%}
-{%- endmacro -%}
-{%- if tools %}
-{{- '<|im_start|>system\\n' }}
-{%- if messages[0].role == 'system' %}
-{{- render_content(messages[0].content) + '\\n\\n' }}
-{%- endif %}
-{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
-{{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
-{%- for tool in tools %}
-{{- '\\n' + (tool | tojson) }}
-{%- endfor %}
-{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and ' }}
-{{- 'arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' }}
-{{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
-{%- elif messages[0].role == 'system' %}
-{{- '<|im_start|>system\\n' + render_content(messages[0].content) + '<|im_end|>\\n' }}
-{%- endif %}
-{%- for message in messages %}
-{%- if message.role == 'system' %}
-{%- if not loop.first %}
-{{- '<|im_start|>system\\n' + render_content(message.content) + '<|im_end|>\\n' }}
-{%- endif %}
-{%- elif message.role == 'user' %}
-{{- '<|im_start|>user\\n' + render_content(message.content) + '<|im_end|>\\n' }}
-{%- elif message.role == 'assistant' %}
-{{- '<|im_start|>assistant\\n' }}
-{%- if message.reasoning_content is defined and message.reasoning_content is not none %}
-{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}
-{%- endif %}
-{{- render_content(message.content) }}
-{%- if message.tool_calls is defined and message.tool_calls %}
-{%- for tool_call in message.tool_calls %}
-{%- set call = tool_call.function if tool_call.function is defined else tool_call %}
-{%- if (not loop.first) or (message.content is not none and message.content) %}
-{{- '\\n' }}
-{%- endif %}
-{{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' }}
-{%- if call.arguments is string %}
-{{- call.arguments }}
-{%- else %}
-{{- call.arguments | tojson }}
-{%- endif %}
-{{- '}\\n</tool_call>' }}
-{%- endfor %}
-{%- endif %}
-{{- '<|im_end|>\\n' }}
-{%- elif message.role == 'tool' %}
-{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
-{{- '<|im_start|>user' }}
-{%- endif %}
-{{- '\\n<tool_response>\\n' + render_content(message.content) + '\\n</tool_response>' }}
-{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
-{{- '<|im_end|>\\n' }}
-{%- endif %}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-{{- '<|im_start|>assistant\\n' }}
-{%- if enable_thinking is defined and enable_thinking is false %}
-{{- '<think>\\n\\n</think>\\n\\n' }}
-{%- endif %}
-{%- endif %}
-"""
+CHAT_TEMPLATE: Final = HERMES_TEMPLATE
 
 # A small built-in corpus: chat turns, tool calls and results, reasoning, shell and code. It is
 # expanded deterministically (see _corpus) so the BPE trainer sees enough pair statistics.
