@@ -10,20 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from openforge_core.chat_formats import LLAMA3_SPECIAL_TOKENS
 from openforge_proxy.domain.engine import ModelInfo
 from openforge_proxy.domain.families import Event, Family, HermesFamily, Llama3Family, family_for
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_testing.fakes import HERMES_TEMPLATE, TEMPLATES, build_fake_model_dir, build_fake_tokenizer
 
-LLAMA_SPECIAL_TOKENS = (
-    "<|begin_of_text|>",
-    "<|end_of_text|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|python_tag|>",
-)
+LLAMA_SPECIAL_TOKENS = LLAMA3_SPECIAL_TOKENS
 
 #: The framing and tool-call rendering of Llama 3.1's template, shortened.
 LLAMA3_TEMPLATE = """\

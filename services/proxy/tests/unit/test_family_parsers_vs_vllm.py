@@ -41,6 +41,7 @@ from typing import Any
 
 import pytest
 
+from openforge_core.chat_formats import LLAMA3_SPECIAL_TOKENS
 from openforge_proxy.domain.families import Family, HermesFamily, Llama3Family
 from openforge_testing.fakes import build_fake_tokenizer
 
@@ -48,15 +49,7 @@ pytest.importorskip("vllm", reason="vLLM not installed (requirements/inference-c
 
 COMPLETIONS = 1200
 
-LLAMA_SPECIAL_TOKENS = (
-    "<|begin_of_text|>",
-    "<|end_of_text|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|python_tag|>",
-)
+LLAMA_SPECIAL_TOKENS = LLAMA3_SPECIAL_TOKENS
 
 _UNICODE = "héllo wörld ñandú 日本語 テスト 中文 Ωμέγα ✓ 🚀 😀 ü ß"
 _KEY_CHARS = string.ascii_letters + "_"

@@ -155,6 +155,27 @@ def _partial_suffix(buf: str, markers: tuple[str, ...]) -> int:
     return best
 
 
+class _TextOut:
+    """Text deltas as a parser passes them on: the first text's leading whitespace dropped, and
+    trailing whitespace held back (``pending``) until more text follows; a parser drops it
+    (``pending = ""``) before a tool call and at the end."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.pending = ""
+
+    def __call__(self, text: str) -> list[Event]:
+        if not self.started:
+            text = text.lstrip()
+            if not text:
+                return []
+            self.started = True
+        body = self.pending + text
+        stripped = body.rstrip()
+        self.pending = body[len(stripped) :]
+        return [Event("text", stripped)] if stripped else []
+
+
 class HermesParser:
     """Streaming parser of ``<think>`` reasoning, text and ``<tool_call>`` JSON blocks.
 
@@ -174,9 +195,8 @@ class HermesParser:
         self._f = family
         self._buf = ""
         self._mode = "reasoning" if in_reasoning else "start"
-        self._pending_ws = ""
+        self._text = _TextOut()
         self._strip_lead = in_reasoning
-        self._text_started = False
 
     @property
     def in_reasoning(self) -> bool:
@@ -197,19 +217,8 @@ class HermesParser:
         elif self._mode == "reasoning" and self._buf:
             events.append(Event("reasoning", self._buf.rstrip("\n")))
             self._buf = ""
-        self._pending_ws = ""
+        self._text.pending = ""
         return events
-
-    def _text(self, text: str) -> list[Event]:
-        if not self._text_started:
-            text = text.lstrip()
-            if not text:
-                return []
-            self._text_started = True
-        body = self._pending_ws + text
-        stripped = body.rstrip()
-        self._pending_ws = body[len(stripped) :]
-        return [Event("text", stripped)] if stripped else []
 
     def _drain(self, final: bool) -> list[Event]:
         f = self._f
@@ -257,7 +266,7 @@ class HermesParser:
                 at = self._buf.find(f.tool_open)
                 if at >= 0:
                     out.extend(self._text(self._buf[:at]))
-                    self._pending_ws = ""
+                    self._text.pending = ""
                     self._buf = self._buf[at + len(f.tool_open) :]
                     self._mode = "tool"
                     continue
@@ -441,8 +450,7 @@ class Llama3Parser:
         self._depth = 0
         self._in_str = False
         self._escape = False
-        self._pending_ws = ""
-        self._text_started = False
+        self._text = _TextOut()
 
     @property
     def in_reasoning(self) -> bool:
@@ -466,7 +474,7 @@ class Llama3Parser:
             if self._obj >= 0 or not calls:
                 out = self._text(self._buf)
             else:
-                self._pending_ws = ""  # the whitespace before the first call
+                self._text.pending = ""  # the whitespace before the first call
                 self._pieces.append(self._buf[self._piece :])
                 for piece in self._pieces:
                     if isinstance(piece, ParsedCall):
@@ -476,20 +484,9 @@ class Llama3Parser:
                     if piece.strip():
                         out.extend(self._text(piece))
         self._buf = ""
-        self._pending_ws = ""
+        self._text.pending = ""
         self._mode = "finished"
         return out
-
-    def _text(self, text: str) -> list[Event]:
-        if not self._text_started:
-            text = text.lstrip()
-            if not text:
-                return []
-            self._text_started = True
-        body = self._pending_ws + text
-        stripped = body.rstrip()
-        self._pending_ws = body[len(stripped) :]
-        return [Event("text", stripped)] if stripped else []
 
     def _drain(self) -> list[Event]:
         if self._mode == "text":
