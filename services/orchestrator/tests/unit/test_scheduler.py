@@ -322,7 +322,8 @@ async def test_cancel_group_cancels_its_rollouts_waiting_or_running_and_nothing_
 
 async def test_drain_lets_running_rollouts_finish_and_cancels_waiting_ones(tmp_path: Path) -> None:
     from openforge_core.errors import Unavailable
-    from openforge_orchestrator.domain.scheduler import CLOSING_REASON, STOPPING_REASON
+    from openforge_orchestrator.domain.execution import STOPPING_REASON
+    from openforge_orchestrator.domain.scheduler import CLOSING_REASON
 
     sched, reg, backend, events = _stack(tmp_path, ["a", "sleep"], max_concurrent=2, max_per_task=1)
     backend.gate.clear()
@@ -348,7 +349,7 @@ async def test_drain_lets_running_rollouts_finish_and_cancels_waiting_ones(tmp_p
 
 
 async def test_a_submit_still_being_recorded_when_the_drain_begins_never_starts(tmp_path: Path) -> None:
-    from openforge_orchestrator.domain.scheduler import STOPPING_REASON
+    from openforge_orchestrator.domain.execution import STOPPING_REASON
 
     sched, _, backend, events = _stack(tmp_path, ["a"])
     events.recorded.clear()
@@ -393,7 +394,7 @@ async def test_a_drain_starts_no_infrastructure_retry(tmp_path: Path) -> None:
 
 
 async def test_a_drain_ends_the_wait_for_a_policy_version_like_a_waiting_rollout(tmp_path: Path) -> None:
-    from openforge_orchestrator.domain.scheduler import STOPPING_REASON
+    from openforge_orchestrator.domain.execution import STOPPING_REASON
 
     policy = FakePolicy(2)
     sched, reg, backend, events = _stack(tmp_path, ["a"], policy=policy, policy_wait_s=600.0)

@@ -27,8 +27,6 @@ from openforge_orchestrator.domain.rollouts import Rollout, RolloutRegistry, Rol
 log = structlog.get_logger(__name__)
 
 LOG_CRASHED = "scheduler.rollout_crashed"
-__all__ = ["CLOSING_REASON", "LOG_CRASHED", "STOPPING_REASON", "Scheduler"]
-
 #: Cancel reason of a rollout still running when its orchestrator closed.
 CLOSING_REASON = "the orchestrator stopped while the rollout ran"
 
