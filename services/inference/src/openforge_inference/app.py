@@ -46,6 +46,7 @@ class InferenceApp:
                     tasks_root=settings.scripted_tasks_root,
                     scripted_error_rate=settings.scripted_error_rate,
                     scripted_error_kind=settings.scripted_error_kind,
+                    vllm=settings.vllm,
                 ),
             )
         self.servicer = InferenceServicer(self.engine, self._weights_loaded)

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from openforge_core.settings import ServiceSettings
 from openforge_inference.engines.base import ScriptedErrorKind
+from openforge_inference.engines.vllm_args import VllmOptions
 
 
 class InferenceSettings(ServiceSettings):
@@ -35,6 +36,9 @@ class InferenceSettings(ServiceSettings):
             demonstrations of one command, floor or ceil of n x rate are wrong).
         scripted_error_kind: That error: ``plan`` (a conversation follows another task's plan)
             or ``unwritten`` (a command's redirection of its output into a file is dropped).
+        vllm: How the ``vllm`` engine runs the model (``OPENFORGE_VLLM__DTYPE``,
+            ``__ENFORCE_EAGER``, ``__GPU_MEMORY_UTILIZATION``, ``__TENSOR_PARALLEL_SIZE``,
+            ``__ENABLE_PREFIX_CACHING``); the defaults suit the platform (CPU or GPU).
     """
 
     service_name: ClassVar[str] = "inference"
@@ -51,3 +55,4 @@ class InferenceSettings(ServiceSettings):
     scripted_tasks_root: Path | None = None
     scripted_error_rate: float = Field(default=0.0, ge=0, le=1)
     scripted_error_kind: ScriptedErrorKind = "plan"
+    vllm: VllmOptions = VllmOptions()

@@ -33,6 +33,7 @@ from openforge_core.errors import (
     InvalidArgument,
     Unavailable,
 )
+from openforge_inference.engines.vllm_args import VllmOptions
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -287,6 +288,8 @@ class EngineConfig:
         scripted_error_rate: The ``scripted-oracle`` engine's error rate (see
             :func:`~openforge_inference.engines.scripted_oracle.oracle_completion`).
         scripted_error_kind: Its kind of error (:data:`ScriptedErrorKind`, same function).
+        vllm: The vLLM engine's dtype, CUDA graphs, GPU memory, tensor parallelism and prefix
+            caching (:class:`~openforge_inference.engines.vllm_args.VllmOptions`).
     """
 
     model_path: Path
@@ -299,6 +302,7 @@ class EngineConfig:
     tasks_root: Path | None = None
     scripted_error_rate: float = 0.0
     scripted_error_kind: ScriptedErrorKind = "plan"
+    vllm: VllmOptions = dataclasses.field(default_factory=VllmOptions)
 
 
 # --------------------------------------------------------------------------------------------

