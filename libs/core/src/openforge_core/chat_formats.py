@@ -12,6 +12,11 @@ from typing import Final
 
 __all__ = [
     "CONTENT_MACRO",
+    "GLM45_END_TOKENS",
+    "GLM45_EOS_TOKEN",
+    "GLM45_PAD_TOKEN",
+    "GLM45_SPECIAL_TOKENS",
+    "GLM45_TEMPLATE",
     "HERMES_TEMPLATE",
     "LLAMA3_BOS_TOKEN",
     "LLAMA3_END_TOKENS",
@@ -233,3 +238,109 @@ QWEN3_TEMPLATE: Final = (
     + _ASSISTANT_BODY
     + _OTHER_ROLES
 )
+
+#: GLM-4.5's special tokens as the tokenizers built here carry them, ids 0.. in this order (the
+#: markers of the GLM-4.5 format; a real GLM-4.5 tokenizer holds them at ids 151329 and up).
+GLM45_SPECIAL_TOKENS: Final[tuple[str, ...]] = (
+    "<|endoftext|>",
+    "[MASK]",
+    "[gMASK]",
+    "[sMASK]",
+    "<sop>",
+    "<eop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+)
+
+#: GLM-4.5-style template, written from the format's description (not a copy of Zhipu's
+#: template): ``[gMASK]<sop>`` first; each message opened by its role's token with no end token
+#: (``<|system|>\n``, ``<|user|>\n``, ``<|assistant|>``, ``<|observation|>`` before a run of
+#: tool results, each ``\n<tool_response>\n...\n</tool_response>``); the tool definitions in a
+#: system message; an assistant turn ``\n<think>REASONING</think>`` (reasoning kept only after
+#: the last user message, else ``\n<think></think>``), then ``\nCONTENT`` and each call
+#: ``\n<tool_call>NAME`` + ``\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>`` per argument (a
+#: string as it is, anything else as JSON) + ``\n</tool_call>``; the generation prompt
+#: ``<|assistant|>`` (then ``\n<think></think>`` with ``enable_thinking`` false). The model ends
+#: its turn with the token that opens the next message (:data:`GLM45_END_TOKENS`).
+GLM45_TEMPLATE: Final = (
+    CONTENT_MACRO
+    + """\
+{{- '[gMASK]<sop>' }}
+{%- if tools %}
+{{- '<|system|>\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
+{{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\\n' }}
+{%- for tool in tools %}
+{{- (tool | tojson) + '\\n' }}
+{%- endfor %}
+{{- '</tools>\\n\\nFor each function call, output the function name and arguments within the ' }}
+{{- 'following XML format:\\n<tool_call>{function-name}\\n<arg_key>{arg-key-1}</arg_key>\\n' }}
+{{- '<arg_value>{arg-value-1}</arg_value>\\n<arg_key>{arg-key-2}</arg_key>\\n' }}
+{{- '<arg_value>{arg-value-2}</arg_value>\\n...\\n</tool_call>' }}
+{%- endif %}
+{%- set ns = namespace(last_user=-1) %}
+{%- for message in messages %}
+{%- if message.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{{- '<|system|>\\n' + render_content(message.content) }}
+{%- elif message.role == 'user' %}
+{{- '<|user|>\\n' + render_content(message.content) }}
+{%- elif message.role == 'assistant' %}
+{{- '<|assistant|>' }}
+{%- if loop.index0 > ns.last_user and message.reasoning_content is defined and message.reasoning_content %}
+{{- '\\n<think>' + message.reasoning_content.strip() + '</think>' }}
+{%- else %}
+{{- '\\n<think></think>' }}
+{%- endif %}
+{%- set content = render_content(message.content) %}
+{%- if content.strip() %}
+{{- '\\n' + content.strip() }}
+{%- endif %}
+{%- if message.tool_calls is defined and message.tool_calls %}
+{%- for tool_call in message.tool_calls %}
+{%- set call = tool_call.function if tool_call.function is defined else tool_call %}
+{{- '\\n<tool_call>' + call.name }}
+{%- for key, value in call.arguments.items() %}
+{{- '\\n<arg_key>' + key + '</arg_key>\\n<arg_value>' }}
+{%- if value is string %}{{- value }}{%- else %}{{- value | tojson }}{%- endif %}
+{{- '</arg_value>' }}
+{%- endfor %}
+{{- '\\n</tool_call>' }}
+{%- endfor %}
+{%- endif %}
+{%- elif message.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+{{- '<|observation|>' }}
+{%- endif %}
+{{- '\\n<tool_response>\\n' + render_content(message.content) + '\\n</tool_response>' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|assistant|>' }}
+{%- if enable_thinking is defined and enable_thinking is false %}
+{{- '\\n<think></think>' }}
+{%- endif %}
+{%- endif %}
+"""
+)
+
+#: The tokenizer's ``eos_token``.
+GLM45_EOS_TOKEN: Final = "<|endoftext|>"
+#: The tokenizer's ``pad_token``.
+GLM45_PAD_TOKEN: Final = "<|endoftext|>"
+#: Every token that ends an assistant turn: ``<|user|>`` (an answer: the user speaks next),
+#: ``<|observation|>`` (calls: their results come next) and ``<|endoftext|>``.
+GLM45_END_TOKENS: Final[tuple[str, ...]] = ("<|user|>", "<|observation|>", "<|endoftext|>")

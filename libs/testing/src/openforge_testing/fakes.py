@@ -13,7 +13,10 @@
   does *not* reproduce what the model saw (what token splicing is for). A
   third, ``llama3``, is a Llama 3.1-style template (header-framed messages,
   ``<|eot_id|>``/``<|eom_id|>``, JSON tool calls with ``parameters``, tool
-  results as ``ipython``) over a tokenizer carrying Llama 3's special tokens.
+  results as ``ipython``) over a tokenizer carrying Llama 3's special tokens; a fourth,
+  ``glm45``, a GLM-4.5-style one (``<|user|>``/``<|assistant|>``/``<|observation|>``
+  framing, ``<tool_call>NAME<arg_key>..</arg_key><arg_value>..</arg_value></tool_call>``)
+  over a tokenizer carrying GLM-4.5's special tokens.
   There are no weights: nothing can load it as a model.
 * :class:`ScriptedInferenceServer` is a fake ``openforge.inference.v1.InferenceService``
   on a real ``grpc.aio`` server: ``Generate`` tokenizes the next scripted
@@ -75,7 +78,11 @@ QWEN3_TEMPLATE = chat_formats.QWEN3_TEMPLATE
 LLAMA3_SPECIAL_TOKENS = chat_formats.LLAMA3_SPECIAL_TOKENS
 LLAMA3_TEMPLATE = chat_formats.LLAMA3_TEMPLATE
 
-TEMPLATES = {"hermes": HERMES_TEMPLATE, "qwen3": QWEN3_TEMPLATE, "llama3": LLAMA3_TEMPLATE}
+#: GLM-4.5's special tokens and the GLM-4.5-style template, from :mod:`openforge_core.chat_formats`.
+GLM45_SPECIAL_TOKENS = chat_formats.GLM45_SPECIAL_TOKENS
+GLM45_TEMPLATE = chat_formats.GLM45_TEMPLATE
+
+TEMPLATES = {"hermes": HERMES_TEMPLATE, "qwen3": QWEN3_TEMPLATE, "llama3": LLAMA3_TEMPLATE, "glm45": GLM45_TEMPLATE}
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,14 @@ _LLAMA3_CORPUS = (
     "You have access to the following functions. To call a function, respond with JSON in the format",
 ) * 30
 
+_GLM45_CORPUS = (
+    "<tool_call>exec\n<arg_key>command</arg_key>\n<arg_value>echo hello-from-harness > hello.txt</arg_value>\n"
+    "</tool_call>",
+    "<tool_call>read_file\n<arg_key>path</arg_key>\n<arg_value>hello.txt</arg_value>\n</tool_call>",
+    "\n<tool_response>\nhello-from-harness\n</tool_response>",
+    "For each function call, output the function name and arguments within the following XML format:",
+) * 30
+
 #: Template name → what its fake tokenizer carries.
 TOKENIZER_SPECS: dict[str, FakeTokenizerSpec] = {
     "hermes": _HERMES_SPEC,
@@ -118,6 +133,14 @@ TOKENIZER_SPECS: dict[str, FakeTokenizerSpec] = {
         chat_formats.LLAMA3_PAD_TOKEN,
         "llama",
         _LLAMA3_CORPUS,
+    ),
+    "glm45": FakeTokenizerSpec(
+        GLM45_SPECIAL_TOKENS,
+        None,
+        chat_formats.GLM45_EOS_TOKEN,
+        chat_formats.GLM45_PAD_TOKEN,
+        "glm4_moe",
+        _GLM45_CORPUS,
     ),
 }
 
@@ -199,7 +222,7 @@ def build_fake_model_dir(
 
     Args:
         out_dir: Directory to write (created).
-        template: ``hermes``, ``qwen3`` or ``llama3`` (see the module docstring); the
+        template: ``hermes``, ``qwen3``, ``llama3`` or ``glm45`` (see the module docstring); the
             tokenizer carries that family's special tokens (:data:`TOKENIZER_SPECS`).
         context_length: ``max_position_embeddings`` written to ``config.json``.
         vocab_size: Target vocabulary size of the fake tokenizer.

@@ -1,18 +1,20 @@
-"""Model families: detection from the chat template, the served model of a Llama 3 template
-(stop ids, manifest parsers), and the Llama 3 parser's rules on readable examples (the
-differential test against vLLM covers them at scale)."""
+"""Model families: detection from the chat template, the served model of a Llama 3 and of a
+GLM-4.5 template (stop ids, manifest parsers), and the Llama 3 and GLM-4.5 parsers' rules on
+readable examples (the differential tests against vLLM cover them at scale)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from openforge_core.chat_formats import LLAMA3_SPECIAL_TOKENS
+from openforge_core.chat_formats import GLM45_SPECIAL_TOKENS, LLAMA3_SPECIAL_TOKENS
 from openforge_proxy.domain.engine import ModelInfo
-from openforge_proxy.domain.families import Event, Family, HermesFamily, Llama3Family, family_for
+from openforge_proxy.domain.families import Event, Family, Glm45Family, HermesFamily, Llama3Family, family_for
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_testing.fakes import HERMES_TEMPLATE, TEMPLATES, build_fake_model_dir, build_fake_tokenizer
 
@@ -42,11 +44,13 @@ def test_the_family_is_detected_from_the_template() -> None:
     assert family_for("auto", HERMES_TEMPLATE) == HermesFamily()
     assert family_for("auto", LLAMA3_TEMPLATE) == Llama3Family()
     assert family_for("llama3", HERMES_TEMPLATE) == Llama3Family()  # a name is taken as given
-    # the test fakes' templates: Qwen-style ones are hermes, the Llama 3.1-style one llama3
+    # the test fakes' templates: Qwen-style ones are hermes, the Llama 3.1-style one llama3,
+    # the GLM-4.5-style one glm45
     assert {name: family_for("auto", src).name for name, src in TEMPLATES.items()} == {
         "hermes": "hermes",
         "qwen3": "hermes",
         "llama3": "llama3",
+        "glm45": "glm45",
     }
 
 
@@ -140,3 +144,67 @@ def test_text_before_the_first_brace_streams_before_the_call_is_decided() -> Non
     assert [ev.text for ev in parser.feed("Sure, calling it now: ")] == ["Sure, calling it now:"]
     assert parser.feed('{"name": "a", "parameters": {}}') == []  # a later `{` could undo it
     assert [ev.call.name for ev in parser.finish() if ev.call is not None] == ["a"]
+
+
+def test_the_fake_glm45_model_dir_serves_as_a_glm45_model(tmp_path: Path) -> None:
+    model = build_fake_model_dir(tmp_path / "glm", template="glm45")
+    source = (model / "chat_template.jinja").read_text()
+    info = ModelInfo(
+        model_path=str(model),
+        model_name="m",
+        chat_template=source,
+        chat_template_hash="sha256:" + hashlib.sha256(source.encode()).hexdigest(),
+        tokenizer_hash="sha256:" + hashlib.sha256((model / "tokenizer.json").read_bytes()).hexdigest(),
+        eos_token_ids=(json.loads((model / "config.json").read_text())["eos_token_id"],),
+        context_length=8192,
+    )
+    rt = ModelRuntime.load(info)
+    assert isinstance(rt.family, Glm45Family)
+    assert {rt.codec.decode([i]) for i in rt.eos_ids} == {"<|user|>", "<|observation|>", "<|endoftext|>"}
+    assert rt.generation_prompt == "<|assistant|>"
+    assert rt.served.parsers == ("family:glm45", "tool_call:glm45", "reasoning:glm45")
+    call = {"type": "function", "function": {"name": "exec", "arguments": {"command": "ls", "n": 2}}}
+    text = rt.template.render(
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Sure.", "reasoning_content": "think", "tool_calls": [call]},
+            {"role": "tool", "content": "ok"},
+        ]
+    )
+    assert text == (
+        "[gMASK]<sop><|user|>\nhi<|assistant|>\n<think>think</think>\nSure.\n<tool_call>exec"
+        "\n<arg_key>command</arg_key>\n<arg_value>ls</arg_value>\n<arg_key>n</arg_key>\n<arg_value>2</arg_value>"
+        "\n</tool_call><|observation|>\n<tool_response>\nok\n</tool_response><|assistant|>"
+    )
+    assert None not in [rt.codec.token_id(m) for m in GLM45_SPECIAL_TOKENS]  # each marker is one special token
+
+
+@dataclass(frozen=True)
+class _Tool:
+    name: str
+    parameters: dict[str, Any]
+
+
+def test_glm45_values_are_strings_for_string_parameters_else_json_when_they_parse() -> None:
+    tools = [_Tool("exec", {"type": "object", "properties": {"command": {"type": "string"}, "n": {"type": "integer"}}})]
+    text = (
+        "<think>plan</think>\nRunning it.\n<tool_call>exec\n<arg_key>command</arg_key>\n<arg_value>12</arg_value>"
+        '\n<arg_key>n</arg_key>\n<arg_value>12</arg_value>\n<arg_key>extra</arg_key>\n<arg_value>[1, {"a": null}]'
+        "</arg_value>\n<arg_key>note</arg_key>\n<arg_value>not json</arg_value>\n</tool_call>"
+    )
+    parser = Glm45Family().parser("<|assistant|>", tools)
+    events = [ev for ch in text for ev in parser.feed(ch)] + parser.finish()
+    assert "".join(ev.text for ev in events if ev.kind == "reasoning") == "plan"
+    args = '{"command":"12","n":12,"extra":[1,{"a":null}],"note":"not json"}'
+    assert _summary(events) == ("Running it.", [("exec", args)])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<tool_call>\n<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>",  # no name
+        "<tool_call>exec\n<arg_key>x</arg_key><arg_value>1</arg_value>",  # never closed
+    ],
+)
+def test_glm45_a_call_with_no_name_or_no_end_is_text(text: str) -> None:
+    assert _summary(_parse(Glm45Family(), text)) == (text, [])

@@ -20,12 +20,18 @@ parser the :class:`StreamParser` protocol. Families live in a registry
   tool calls ``{"name": ..., "parameters": {...}}``, optionally after
   ``<|python_tag|>``, several separated by ``;``; the calls as vLLM's
   ``llama3_json`` tool parser reads them; no reasoning.
+* ``glm45``: GLM-4.5 framing (``<|user|>``, ``<|assistant|>``, ``<|observation|>``
+  open the messages; an assistant turn ends with the token that opens the next one) with
+  ``<think>...</think>`` reasoning and calls written
+  ``<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>...</tool_call>``;
+  the calls as vLLM's ``glm45`` tool parser reads them, the reasoning as its ``glm45``
+  reasoning parser does.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -138,9 +144,25 @@ class Family(Protocol):
         """Whether a chat template is of this family (:meth:`missing` is empty)."""
         ...
 
-    def parser(self, generation_prompt: str) -> StreamParser:
+    def parser(self, generation_prompt: str, tools: Sequence[ToolSchema] = ()) -> StreamParser:
         """A parser for one completion that follows ``generation_prompt`` (the text the
-        template appends for the assistant's turn, which may open reasoning)."""
+        template appends for the assistant's turn, which may open reasoning); ``tools`` are
+        the tools offered (a family whose calls carry untyped values reads their types)."""
+        ...
+
+
+class ToolSchema(Protocol):
+    """What a family's parser reads of an offered tool: its name and the JSON schema of
+    its arguments."""
+
+    @property
+    def name(self) -> str:
+        """Tool name as the model calls it."""
+        ...
+
+    @property
+    def parameters(self) -> Mapping[str, Any]:
+        """JSON schema of its arguments."""
         ...
 
 
@@ -189,10 +211,18 @@ class HermesParser:
     Args:
         family: The markers.
         in_reasoning: The generation prompt already opened a reasoning block.
+        parse_call: Reads the text between the tool-call tags (default: the family's
+            ``parse_call``).
     """
 
-    def __init__(self, family: HermesFamily, in_reasoning: bool = False) -> None:
+    def __init__(
+        self,
+        family: HermesFamily | Glm45Family,
+        in_reasoning: bool = False,
+        parse_call: Callable[[str], ParsedCall | None] | None = None,
+    ) -> None:
         self._f = family
+        self._parse_call = parse_call if parse_call is not None else family.parse_call
         self._buf = ""
         self._mode = "reasoning" if in_reasoning else "start"
         self._text = _TextOut()
@@ -281,7 +311,7 @@ class HermesParser:
             body = self._buf[:at]
             self._buf = self._buf[at + len(f.tool_close) :]
             self._mode = "text"
-            call = f.parse_call(body)
+            call = self._parse_call(body)
             if call is None:
                 out.extend(self._text(f.tool_open + body + f.tool_close))
             else:
@@ -346,8 +376,9 @@ class HermesFamily:
         """Whether a chat template is of this family."""
         return not self.missing(template)
 
-    def parser(self, generation_prompt: str) -> HermesParser:
-        """A parser for one completion that follows ``generation_prompt``."""
+    def parser(self, generation_prompt: str, tools: Sequence[ToolSchema] = ()) -> HermesParser:
+        """A parser for one completion that follows ``generation_prompt`` (the calls are
+        JSON: ``tools`` are not needed)."""
         opened = generation_prompt.rfind(self.reasoning_open)
         in_reasoning = opened >= 0 and generation_prompt.find(self.reasoning_close, opened) < 0
         return HermesParser(self, in_reasoning=in_reasoning)
@@ -627,13 +658,130 @@ class Llama3Family:
         """Whether a chat template is of this family."""
         return not self.missing(template)
 
-    def parser(self, generation_prompt: str) -> Llama3Parser:
-        """A parser for one completion (the generation prompt opens nothing it parses)."""
+    def parser(self, generation_prompt: str, tools: Sequence[ToolSchema] = ()) -> Llama3Parser:
+        """A parser for one completion (the generation prompt opens nothing it parses; the
+        calls are JSON: ``tools`` are not needed)."""
         return Llama3Parser(self)
 
 
+_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+
+def _string_only(schema: Any) -> bool:
+    """Whether a parameter's JSON schema allows only strings (``"type": "string"``)."""
+    if not isinstance(schema, Mapping):
+        return False
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return kind == "string"
+    return isinstance(kind, list) and bool(kind) and all(k == "string" for k in kind)
+
+
+def _string_params(tools: Sequence[ToolSchema]) -> dict[str, frozenset[str]]:
+    """Per tool name, the parameters whose schema allows only strings."""
+    out: dict[str, frozenset[str]] = {}
+    for tool in tools:
+        props = tool.parameters.get("properties") if isinstance(tool.parameters, Mapping) else None
+        if isinstance(props, Mapping):
+            out[tool.name] = frozenset(k for k, v in props.items() if _string_only(v))
+    return out
+
+
+@dataclass(frozen=True)
+class Glm45Family:
+    """GLM-4.5 framing with ``<arg_key>``/``<arg_value>`` tool calls and ``<think>`` reasoning
+    (a :class:`Family`).
+
+    The template writes no token after an assistant turn: the model ends its turn with the
+    token that opens the next message (``<|observation|>`` after calls, ``<|user|>`` after an
+    answer), and the splicer lets that sampled token stand in for the template's copy.
+    Reasoning, text and the framing of calls parse as in :class:`HermesParser`; a call's body
+    is the name, then ``<arg_key>K</arg_key><arg_value>V</arg_value>`` pairs (whitespace
+    between them free). A value is the text between its tags, taken as a string for a
+    parameter whose schema allows only strings, else as JSON when it parses as JSON (GLM's
+    own rule, and vLLM's with the tools' schemas), else as a string.
+
+    Attributes:
+        name: Registry name.
+        message_start: Token that starts the messages prompts are cut at (an assistant turn).
+        assistant_header: Text that opens an assistant turn.
+        end_of_turn: Empty: the template writes no end-of-turn token.
+        end_tokens: Tokens the model ends a turn with: ``<|user|>``, ``<|observation|>``
+            (waiting for tool results) and ``<|endoftext|>``.
+        user_start: Token that opens a user message.
+        observation_start: Token that opens tool results.
+        reasoning_open: Opens reasoning.
+        reasoning_close: Closes reasoning.
+        tool_open: Opens a tool call.
+        tool_close: Closes a tool call.
+        arg_key: Opens an argument's name.
+        tool_call_parser: Name of the parser of its tool calls (vLLM's ``glm45`` rules).
+        reasoning_parser: Name of the parser of its reasoning (vLLM's ``glm45`` rules).
+    """
+
+    name: str = "glm45"
+    message_start: str = "<|assistant|>"
+    assistant_header: str = "<|assistant|>"
+    end_of_turn: str = ""
+    end_tokens: tuple[str, ...] = ("<|user|>", "<|observation|>", "<|endoftext|>")
+    user_start: str = "<|user|>"
+    observation_start: str = "<|observation|>"
+    reasoning_open: str = "<think>"
+    reasoning_close: str = "</think>"
+    tool_open: str = "<tool_call>"
+    tool_close: str = "</tool_call>"
+    arg_key: str = "<arg_key>"
+    tool_call_parser: str = "glm45"
+    reasoning_parser: str = "glm45"
+
+    @property
+    def parsers(self) -> tuple[str, ...]:
+        """``family:glm45``, ``tool_call:glm45``, ``reasoning:glm45``."""
+        return (f"family:{self.name}", f"tool_call:{self.tool_call_parser}", f"reasoning:{self.reasoning_parser}")
+
+    def missing(self, template: str) -> list[str]:
+        """The markers of this family that ``template`` lacks: its framing tokens and the
+        ``<tool_call>``/``<arg_key>`` of its calls."""
+        markers = (self.user_start, self.assistant_header, self.observation_start, self.tool_open, self.arg_key)
+        return [m for m in markers if m not in template]
+
+    def matches(self, template: str) -> bool:
+        """Whether a chat template is of this family."""
+        return not self.missing(template)
+
+    def parser(self, generation_prompt: str, tools: Sequence[ToolSchema] = ()) -> HermesParser:
+        """A parser for one completion that follows ``generation_prompt``; ``tools`` tell
+        which parameters are strings."""
+        opened = generation_prompt.rfind(self.reasoning_open)
+        in_reasoning = opened >= 0 and generation_prompt.find(self.reasoning_close, opened) < 0
+        strings = _string_params(tools)
+        return HermesParser(self, in_reasoning=in_reasoning, parse_call=lambda body: self.parse_call(body, strings))
+
+    def parse_call(self, body: str, strings: Mapping[str, frozenset[str]] | None = None) -> ParsedCall | None:
+        """Parses the text between the tool-call tags (``strings``: per tool, its string-only
+        parameters); None when it names no tool."""
+        at = body.find(self.arg_key)
+        name = (body if at < 0 else body[:at]).strip()
+        if not name:
+            return None
+        string_keys = (strings or {}).get(name, frozenset())
+        args: dict[str, Any] = {}
+        for m in _GLM_ARG.finditer(body, max(at, 0)):
+            key, raw = m.group(1).strip(), m.group(2)
+            args[key] = raw if key in string_keys else _json_or_string(raw)
+        return ParsedCall(name, args, orjson.dumps(args).decode())
+
+
+def _json_or_string(raw: str) -> Any:
+    """A value as JSON when it parses as JSON, else the string itself."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+
+
 #: Registry: family name → constructor (``auto`` tries them in this order).
-FAMILIES: dict[str, Callable[[], Family]] = {"hermes": HermesFamily, "llama3": Llama3Family}
+FAMILIES: dict[str, Callable[[], Family]] = {"hermes": HermesFamily, "llama3": Llama3Family, "glm45": Glm45Family}
 
 
 def family_for(name: str, template: str) -> Family:

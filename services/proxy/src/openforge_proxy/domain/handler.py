@@ -1075,7 +1075,7 @@ class _Generation:
         self._eos = rt.eos_ids | set(p.sampling.stop_token_ids)
         self._codec = rt.codec
         self._decoder = rt.codec.decoder()
-        self._parser = rt.family.parser(rt.generation_prompt)
+        self._parser = rt.family.parser(rt.generation_prompt, p.request.tools)
         self.out = AssistantOutput()
         if p.request.logprobs:
             self.out.token_logprobs = []

@@ -543,6 +543,7 @@ class Splicer:
         self._fam = family
         self._codec = codec
         self._eot = set(eot_ids)
+        self._eot_text = {i: codec.decode([i]) for i in self._eot}
         self._max_heads = max_heads
         self._kwargs = template_kwargs or {}
         self._now = now if now is not None else datetime.now()
@@ -912,8 +913,16 @@ class Splicer:
                 raise ValueError(f"the chat template does not frame assistant turns with {header!r}")
             start = h + len(header)
             end = at + len(sentinel)
-            if gen.ends_turn and text.startswith(eot, end):
-                end += len(eot)
+            if gen.ends_turn:
+                if eot and text.startswith(eot, end):
+                    end += len(eot)
+                else:
+                    # a family whose template writes no end-of-turn token (the model ends its
+                    # turn with the token that opens the next message): the sampled one stands
+                    # in for the template's copy when they are the same
+                    own = self._eot_text.get(gen.ids[-1], "")
+                    if own and text.startswith(own, end):
+                        end += len(own)
             emit_text(text[pos:start])
             s = len(ids)
             ids.add(gen.ids, gen.packed)
