@@ -25,7 +25,9 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     return commands
 
 
-@pytest.mark.parametrize(("args", "family"), [([], "qwen"), (["--family", "llama3"], "llama3")])
+@pytest.mark.parametrize(
+    ("args", "family"), [([], "qwen"), (["--family", "llama3"], "llama3"), (["--family", "glm45"], "glm45")]
+)
 def test_family_reaches_the_builder(started: list[list[str]], tmp_path: Path, args: list[str], family: str) -> None:
     result = CliRunner().invoke(main, ["model", "init-tiny", "--size", "1m", "--out", str(tmp_path), *args])
 
@@ -41,5 +43,5 @@ def test_unknown_family_is_refused_before_building(started: list[list[str]], tmp
     result = CliRunner().invoke(main, ["model", "init-tiny", "--out", str(tmp_path), "--family", "mistral"])
 
     assert result.exit_code == 2
-    assert "Invalid value for '--family': 'mistral' is not one of 'qwen', 'llama3'." in result.output
+    assert "Invalid value for '--family': 'mistral' is not one of 'qwen', 'llama3', 'glm45'." in result.output
     assert started == []

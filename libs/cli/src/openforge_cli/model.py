@@ -10,7 +10,7 @@ import click
 
 #: The families ``openforge_inference.tiny_model`` builds (a library cannot import a service, so
 #: they are named here; a test checks the two lists agree).
-TINY_FAMILIES = ("qwen", "llama3")
+TINY_FAMILIES = ("qwen", "llama3", "glm45")
 
 
 @click.group()
@@ -34,7 +34,8 @@ def model() -> None:
     default="qwen",
     show_default=True,
     help="qwen: Qwen2 architecture, Qwen/Hermes chat template; llama3: Llama architecture, "
-    "Llama 3's special tokens, Llama 3.1-style chat template.",
+    "Llama 3's special tokens, Llama 3.1-style chat template; glm45: Glm4Moe (mixture-of-experts) "
+    "architecture, GLM-4.5's special tokens, GLM-4.5-style chat template.",
 )
 def init_tiny(size: str, out_dir: Path, seed: int, family: str) -> None:
     """Build a random-init model and a locally trained tokenizer in OUT.
@@ -43,8 +44,10 @@ def init_tiny(size: str, out_dir: Path, seed: int, family: str) -> None:
     and with the trainer. The default family (qwen) is a Qwen2-architecture model whose chat
     template supports tools and <think> reasoning; llama3 is a LlamaForCausalLM with Llama 3's
     special tokens (<|begin_of_text|>, <|start_header_id|>, <|eot_id|>, <|eom_id|>,
-    <|python_tag|>...) and a Llama 3.1-style template with JSON tool calls. Needs the inference
-    stack (requirements/inference-cpu.txt).
+    <|python_tag|>...) and a Llama 3.1-style template with JSON tool calls; glm45 is a
+    Glm4MoeForCausalLM with GLM-4.5's special tokens (<|user|>, <|assistant|>, <|observation|>,
+    <arg_key>, <arg_value>...) and a GLM-4.5-style template. Needs the inference stack
+    (requirements/inference-cpu.txt).
     """
     cmd = [
         sys.executable,

@@ -1,14 +1,17 @@
-"""Build a tiny random-init model with a locally trained tokenizer, in one of two families.
+"""Build a tiny random-init model with a locally trained tokenizer, in one of three families.
 
 * ``qwen`` (the default): Qwen2 architecture, a Qwen/Hermes chat template (``<|im_start|>``,
   ``<tool_call>``, ``<think>``).
 * ``llama3``: Llama architecture (``LlamaForCausalLM``, Llama 3.1 RoPE scaling), a tokenizer
   carrying Llama 3's special tokens and the Llama 3.1-style template of
   :mod:`openforge_core.chat_formats` (the one the test fakes use too).
+* ``glm45``: GLM-4.5's architecture (``Glm4MoeForCausalLM``: a dense first layer, then
+  mixture-of-experts layers with a shared expert; partial RoPE), a tokenizer carrying GLM-4.5's
+  special tokens and the GLM-4.5-style template of :mod:`openforge_core.chat_formats`.
 
 No model hub is ever contacted: the tokenizer is a byte-level BPE trained with ``tokenizers`` on a
 small corpus built into this module (chat, tool-use and code text, expanded deterministically
-from a seed; the llama3 family adds its call format), the weights are random, and everything is
+from a seed; the llama3 and glm45 families add their call formats), the weights are random, and everything is
 written with ``save_pretrained`` in HF safetensors format so that ``AutoModelForCausalLM.from_pretrained``,
 ``AutoTokenizer.from_pretrained`` (including ``apply_chat_template`` with tools) and vLLM all
 load the directory like any real checkpoint.
@@ -18,7 +21,7 @@ fill is padded with ``<|reserved_N|>`` special tokens, so that every id a random
 decodes (real Qwen checkpoints pad the embedding instead, which a trained model never samples
 from; a random one does). The llama3 family's padding tokens are ``<|reserved_special_token_N|>``.
 
-Run as ``python -m openforge_inference.tiny_model --size 10m [--family llama3] --out DIR``.
+Run as ``python -m openforge_inference.tiny_model --size 10m [--family llama3|glm45] --out DIR``.
 """
 
 from __future__ import annotations
@@ -29,11 +32,16 @@ import json
 import random
 import sys
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import structlog
 
 from openforge_core.chat_formats import (
+    GLM45_END_TOKENS,
+    GLM45_EOS_TOKEN,
+    GLM45_PAD_TOKEN,
+    GLM45_SPECIAL_TOKENS,
+    GLM45_TEMPLATE,
     HERMES_TEMPLATE,
     LLAMA3_BOS_TOKEN,
     LLAMA3_END_TOKENS,
@@ -314,8 +322,8 @@ class TinyFamily:
     """What one model family's tiny model is made of (architecture, tokenizer, template).
 
     Attributes:
-        architecture: transformers' architecture: ``qwen2`` (``Qwen2ForCausalLM``) or ``llama``
-            (``LlamaForCausalLM``).
+        architecture: transformers' architecture: ``qwen2`` (``Qwen2ForCausalLM``), ``llama``
+            (``LlamaForCausalLM``) or ``glm4_moe`` (``Glm4MoeForCausalLM``).
         special_tokens: Special tokens, ids 0.. in this order.
         chat_template: The Jinja chat template written next to the tokenizer.
         split_pattern: Pre-tokenization regex of the byte-level BPE.
@@ -332,7 +340,7 @@ class TinyFamily:
         corpus: Texts added to the tokenizer's training corpus (the family's own formats).
     """
 
-    architecture: Literal["qwen2", "llama"]
+    architecture: Literal["qwen2", "llama", "glm4_moe"]
     special_tokens: tuple[str, ...]
     chat_template: str
     split_pattern: str
@@ -364,6 +372,25 @@ def _llama3_corpus() -> tuple[str, ...]:
             for _ in range(rng.randint(1, 2))
         ]
         docs.append("; ".join(calls))
+    return tuple(docs)
+
+
+def _glm45_corpus() -> tuple[str, ...]:
+    """GLM-4.5 framing and calls (``<tool_call>NAME`` then ``<arg_key>``/``<arg_value>`` pairs),
+    built deterministically from the tool names and words of the base corpus."""
+    rng = random.Random(45)
+    docs = [
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n",
+        "For each function call, output the function name and arguments within the following XML format:",
+        "\n<tool_response>\n",
+        "\n</tool_response>",
+    ] * 20
+    for _ in range(1000):
+        args = "".join(
+            f"\n<arg_key>{rng.choice(_WORDS)}</arg_key>\n<arg_value>{rng.choice(_WORDS)}</arg_value>"
+            for _ in range(rng.randint(1, 2))
+        )
+        docs.append(f"\n<tool_call>{rng.choice(_NAMES)}{args}\n</tool_call>")
     return tuple(docs)
 
 
@@ -406,6 +433,22 @@ FAMILIES: Final[dict[str, TinyFamily]] = {
             "original_max_position_embeddings": 8192,
         },
         corpus=_llama3_corpus(),
+    ),
+    "glm45": TinyFamily(
+        architecture="glm4_moe",
+        special_tokens=GLM45_SPECIAL_TOKENS,
+        chat_template=GLM45_TEMPLATE,
+        split_pattern=_SPLIT_PATTERN,
+        reserved_token="<|reserved_{}|>",
+        bos_token=None,
+        eos_token=GLM45_EOS_TOKEN,
+        pad_token=GLM45_PAD_TOKEN,
+        extra_special_tokens=tuple(t for t in GLM45_SPECIAL_TOKENS if t != GLM45_EOS_TOKEN),
+        end_tokens=GLM45_END_TOKENS,
+        config_eos_all=True,
+        # GLM-4.5's RoPE: theta 1M over half of each head (partial rotary factor 0.5)
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "partial_rotary_factor": 0.5},
+        corpus=_glm45_corpus(),
     ),
 }
 
@@ -488,8 +531,9 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, famil
         out_dir: Directory to write (created if missing; existing files are overwritten).
         size: One of ``SIZES`` ("1m", "10m", "50m"): approximate parameter count.
         seed: Seed for the weights (``torch.manual_seed``) and the tokenizer corpus.
-        family: One of ``FAMILIES``: ``qwen`` (Qwen2, Hermes/Qwen template) or ``llama3``
-            (Llama, Llama 3.1-style template and special tokens).
+        family: One of ``FAMILIES``: ``qwen`` (Qwen2, Hermes/Qwen template), ``llama3``
+            (Llama, Llama 3.1-style template and special tokens) or ``glm45`` (Glm4Moe,
+            GLM-4.5-style template and special tokens).
 
     Returns:
         The output directory.
@@ -505,6 +549,8 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, famil
     import torch
     from transformers import (
         GenerationConfig,
+        Glm4MoeConfig,
+        Glm4MoeForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
         PreTrainedTokenizerFast,
@@ -534,9 +580,24 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, famil
     eos_ids = [vocab[token] for token in fam.end_tokens]
     pad_id = vocab[fam.pad_token]
     bos_id = None if fam.bos_token is None else vocab[fam.bos_token]
-    config_class, model_class = (
-        (Qwen2Config, Qwen2ForCausalLM) if fam.architecture == "qwen2" else (LlamaConfig, LlamaForCausalLM)
-    )
+    classes: dict[str, tuple[Any, Any]] = {
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
+    }
+    config_class, model_class = classes[fam.architecture]
+    extra: dict[str, Any] = {}
+    if fam.architecture == "glm4_moe":
+        # a dense first layer, then 4 routed experts (2 per token) and a shared one, each a
+        # quarter of the dense MLP; no multi-token-prediction layer
+        extra = {
+            "first_k_dense_replace": 1,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": spec.intermediate_size // 4,
+            "num_mtp_layers": 0,
+        }
     config = config_class(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
@@ -551,6 +612,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, famil
         eos_token_id=eos_ids if fam.config_eos_all else eos_ids[0],
         pad_token_id=pad_id,
         dtype="float32",
+        **extra,
     )
     torch.manual_seed(seed)
     model = model_class(config)

@@ -145,7 +145,9 @@ def test_engine_serves_it(engine_name: str, llama_dir: Path, tokenizer: Any, loo
 
 
 def test_unknown_family_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"unknown tiny model family 'mistral'; expected one of \['llama3', 'qwen'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown tiny model family 'mistral'; expected one of \['glm45', 'llama3', 'qwen'\]"
+    ):
         build_tiny_model(tmp_path, family="mistral")
     with pytest.raises(SystemExit) as exc:
         main(["--out", str(tmp_path), "--family", "mistral"])
