@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 
 # Type-checked code: every hand-written package, the tools and the tests (generated code excluded).
-TYPED_SRC := libs/core/src libs/testing/src libs/cli/src $(wildcard services/*/src) tools
+TYPED_SRC := libs/core/src libs/testing/src libs/cli/src libs/browser/src $(wildcard services/*/src) tools
 TYPED_TESTS := $(wildcard libs/*/tests services/*/tests) tests
 
 .PHONY: help setup harness-clis harnesses test pytest lint typecheck protos protos-check up down status demo

@@ -1,4 +1,5 @@
-"""``openforge tasks``: the ``lines`` task family, small enough for a tiny model to learn on a CPU.
+"""``openforge tasks``: the ``lines`` task family, small enough for a tiny model to learn on a CPU, and
+the ``miniwob`` browser family (:mod:`openforge_browser.miniwob`).
 
 Every instance is a Harbor task folder (``task.toml``, ``instruction.md``, ``environment/``,
 ``tests/``, ``solution/solve.sh``): a workspace with a ``data.txt`` of a few lines (words drawn
@@ -269,5 +270,18 @@ def tasks() -> None:
 def lines_command(out: Path, seed: int, test_per_kind: int) -> None:
     """Write the `lines` task family (the CPU demo's tasks) as Harbor task folders under OUT."""
     ids = generate(out, seed, test_per_kind)
+    for split_name, names in ids.items():
+        click.echo(f"{split_name}: {len(names)} tasks: {' '.join(names)}")
+
+
+@tasks.command("miniwob")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Task root to write (train/, test/).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the instances (labels, targets) and the split.")
+@click.option("--test-per-kind", default=2, show_default=True, help="Held-out instances per kind.")
+def miniwob_command(out: Path, seed: int, test_per_kind: int) -> None:
+    """Write the `miniwob` browser task family (pages for the `browser` harness) as Harbor task folders under OUT."""
+    from openforge_browser import miniwob
+
+    ids = miniwob.generate(out, seed, test_per_kind)
     for split_name, names in ids.items():
         click.echo(f"{split_name}: {len(names)} tasks: {' '.join(names)}")

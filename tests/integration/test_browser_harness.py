@@ -1,0 +1,210 @@
+"""The browser harness (``openforge-browser``) solves MiniWoB-style tasks through the real proxy.
+
+``openforge tasks miniwob`` writes the task family; for each of a few tasks the harness runs as
+its own process: Debian's headless Chromium opens the task's page, the page goes to the model as
+an accessibility tree over the proxy's Chat Completions API, and the tool calls are executed in
+the browser. The model is a fake engine (a test double that samples scripted token ids) whose
+script is a small oracle: it decodes the prompt the proxy rendered, reads the instruction and the
+page tree from it, and answers the next action of the plan as a Hermes tool call. The task's own
+verifier (``tests/check.py``) then reads the final page state the harness wrote.
+
+* a click task and a form task (type, submit) earn reward 1; the same click task with the wrong
+  button clicked earns 0 (the page keeps the first click);
+* the proxy recorded every call on NATS (``CallRecorded``), each with the token ids the engine saw
+  and sampled, and every call after the first extends the one before it (the harness's history
+  only grows, so the episode is one sample).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from click.testing import CliRunner
+from google.protobuf.duration_pb2 import Duration
+from tokenizers import Tokenizer
+
+from openforge.common.v1 import common_pb2
+from openforge.proxy.v1 import events_pb2, proxy_pb2, proxy_pb2_grpc
+from openforge_cli.main import main as cli
+from openforge_core.record_delta import expand_records
+from openforge_core.rpc.client import open_channel
+from openforge_testing.fakes import ScriptedInferenceServer, build_fake_model_dir, final_text, tool_call_text
+from openforge_testing.plugin import ServiceFactory
+from openforge_testing.servers import NatsServer, free_port
+
+MODEL = "policy-model"
+#: (task id, whether the oracle picks a wrong button instead) → the reward the verifier gives.
+CASES = [("click-button-0", False, 1.0), ("enter-text-2", False, 1.0), ("click-button-0", True, 0.0)]
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    return path
+
+
+class Oracle:
+    """The fake engine's script: the next action of a fixed plan, read off the decoded prompt."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.wrong = False
+
+    def __call__(self, prompt_ids: list[int]) -> str:
+        prompt = self.tok.decode(prompt_ids, skip_special_tokens=False)
+        instruction = re.search(r"Task: (.*)", prompt)
+        assert instruction is not None, prompt
+        tree = prompt.split("Page:\n")[-1]
+        refs = {m.group(2): int(m.group(1)) for m in re.finditer(r'\[(\d+)\] \w+ "([^"]*)"', tree)}
+        (word,) = re.findall(r'"([^"]+)"', instruction.group(1))
+        if instruction.group(1).startswith("Click"):
+            target = next(w for w in refs if w != word) if self.wrong else word
+            plan = [tool_call_text("click", {"ref": refs[target]}, text=f"I click {target}.")]
+        else:
+            plan = [
+                tool_call_text("type_text", {"ref": refs["Answer"], "text": word}),
+                tool_call_text("press_key", {"key": "Tab"}),
+                tool_call_text("click", {"ref": refs["Submit"]}),
+            ]
+        plan.append(tool_call_text("done", {"answer": "submitted"}))
+        step = prompt.count("<tool_response>")
+        return plan[step] if step < len(plan) else final_text("Finished.")
+
+
+def test_browser_harness_through_the_proxy(
+    tmp_path: Path, chromium: str, nats_server_fn: NatsServer, service_process: ServiceFactory
+) -> None:
+    generated = CliRunner().invoke(cli, ["tasks", "miniwob", "--out", str(tmp_path / "tasks")])
+    assert generated.exit_code == 0, generated.output
+    assert "train: 12 tasks" in generated.output and "test: 6 tasks" in generated.output
+    model = build_fake_model_dir(tmp_path / "model", template="qwen3")
+    oracle = Oracle(model)
+    fake = ScriptedInferenceServer(model, default=oracle)
+    fake.start_in_thread()
+    http_port = free_port()
+    try:
+        proxy = service_process(
+            "openforge_proxy",
+            {
+                "OPENFORGE_NATS__URL": nats_server_fn.url,
+                "OPENFORGE_SERVICES__INFERENCE": fake.address,
+                "OPENFORGE_HTTP__PORT": str(http_port),
+            },
+        )
+        calls: dict[str, int] = {}
+        for n, (task_id, wrong, reward) in enumerate(CASES):
+            oracle.wrong = wrong
+            rollout = f"ro-{n}"
+            key = asyncio.run(_session(proxy.address, rollout))
+            task = tmp_path / "tasks" / "train" / task_id
+            workdir = tmp_path / rollout
+            shutil.copytree(task / "environment" / "files", workdir)
+            run = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "openforge_browser",
+                    "--url",
+                    (workdir / "index.html").as_uri(),
+                    "--instruction-file",
+                    str(task / "instruction.md"),
+                    "--model",
+                    MODEL,
+                    "--max-steps",
+                    "6",
+                    "--out",
+                    str(workdir / "page_state.json"),
+                ],
+                env={
+                    "PATH": str(Path(chromium).parent),
+                    "HOME": str(tmp_path),
+                    "OPENAI_BASE_URL": f"http://127.0.0.1:{http_port}/v1",
+                }
+                | {"OPENAI_API_KEY": key},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert run.returncode == 0, run.stderr
+            episode = json.loads((workdir / "page_state.json").read_text())
+            assert episode["finished"] and episode["answer"] == "submitted", episode
+            assert all(not a["result"].startswith("error") for a in episode["actions"]), episode
+            calls[rollout] = episode["calls"]
+            verdict = subprocess.run(
+                [
+                    sys.executable,
+                    str(task / "tests" / "check.py"),
+                    str(workdir / "page_state.json"),
+                    str(workdir / "r"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert verdict.returncode == 0, verdict.stderr
+            assert json.loads((workdir / "r").read_text())["reward"] == reward, (task_id, wrong, verdict.stdout)
+        records = asyncio.run(_recorded(nats_server_fn.url, sum(calls.values())))
+    finally:
+        fake.stop_thread()
+    assert calls == {"ro-0": 2, "ro-1": 4, "ro-2": 2}
+    assert len(fake.seen) == sum(calls.values())
+    for rec, seen in zip(records, fake.seen, strict=True):
+        assert list(rec.prompt_token_ids) == seen.prompt_ids
+        assert list(rec.completion_token_ids) == seen.sampled_ids
+        assert rec.http_status == 200
+        body = json.loads(rec.request_json)
+        assert body["model"] == MODEL and [t["function"]["name"] for t in body["tools"]] == [
+            "click",
+            "type_text",
+            "press_key",
+            "scroll",
+            "done",
+        ]
+    for rollout, n in calls.items():
+        mine = [r for r in records if r.rollout_id == rollout]
+        assert len(mine) == n
+        for before, after in itertools.pairwise(mine):
+            assert after.splice.extends_call_id == before.call_id
+    assert proxy.stop() == 0
+
+
+async def _session(grpc_address: str, rollout_id: str) -> str:
+    async with open_channel(grpc_address) as ch:
+        created = await proxy_pb2_grpc.ProxyServiceStub(ch).CreateSession(
+            proxy_pb2.CreateSessionRequest(
+                request_id=rollout_id,
+                rollout_id=rollout_id,
+                run_id="run-browser",
+                model_name=MODEL,
+                ttl=Duration(seconds=600),
+                sampling=common_pb2.SamplingParams(temperature=1.0, max_tokens=256),
+            )
+        )
+    key: str = created.api_key
+    return key
+
+
+async def _recorded(nats_url: str, count: int) -> list[Any]:
+    nc = await nats.connect(nats_url)
+    try:
+        sub = await nc.jetstream().pull_subscribe("openforge.proxy.v1.call_recorded", durable="browser-harness")
+        out: list[Any] = []
+        while len(out) < count:
+            for m in await sub.fetch(count - len(out), timeout=10):
+                out.append(events_pb2.CallRecorded.FromString(m.data).record)
+                await m.ack()
+        return expand_records(out)
+    finally:
+        await nc.close()
