@@ -273,7 +273,9 @@ GLM45_SPECIAL_TOKENS: Final[tuple[str, ...]] = (
 #: ``\n<tool_call>NAME`` + ``\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>`` per argument (a
 #: string as it is, anything else as JSON) + ``\n</tool_call>``; the generation prompt
 #: ``<|assistant|>`` (then ``\n<think></think>`` with ``enable_thinking`` false). The model ends
-#: its turn with the token that opens the next message (:data:`GLM45_END_TOKENS`).
+#: its turn with the token that opens the next message (:data:`GLM45_END_TOKENS`). Finding the
+#: last user message takes a loop of its own, as in Qwen3's template, so the proxy renders it
+#: whole at every call (no incremental render).
 GLM45_TEMPLATE: Final = (
     CONTENT_MACRO
     + """\

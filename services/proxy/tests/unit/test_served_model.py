@@ -68,6 +68,7 @@ def test_a_template_of_no_known_family_is_refused_naming_what_it_lacks(info: Mod
     assert err.value.reason == "BAD_FAMILY"
     assert "hermes needs <|im_start|>, <tool_call>" in err.value.message
     assert "llama3 needs <|start_header_id|>, <|end_header_id|>, <|eot_id|>, tool_calls" in err.value.message
+    assert "glm45 needs <|user|>, <|assistant|>, <|observation|>, <tool_call>, <arg_key>" in err.value.message
     with pytest.raises(FailedPrecondition, match="unknown model family 'mistral'"):
         ModelRuntime.load(info, family="mistral")
 
