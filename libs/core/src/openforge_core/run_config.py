@@ -127,6 +127,13 @@ class RunConfig(SettingsSection):
         rollout_timeout_s: Overrides the task timeout (0 = the task's own).
         backend: Trainer backend name (``torch``).
         device: Torch device of the backend (``cpu``, ``cuda``, ``cuda:1``).
+        precision: ``fp32``, or ``bf16`` mixed precision: fp32 master weights, optimizer state
+            and gradients, forward and backward under bf16 autocast, logprobs in fp32 (PyTorch
+            AMP practice; veRL's FSDP ``mixed_precision`` param_dtype bf16, reduce and buffers
+            fp32). ``auto`` is bf16 on a CUDA device that supports it, fp32 elsewhere.
+        gradient_checkpointing: Recompute activations in the backward pass instead of keeping
+            them (transformers' ``gradient_checkpointing_enable``, non-reentrant; veRL's
+            ``model.enable_gradient_checkpointing``): less memory, about a third more compute.
         sft: Rejection-sampling fine-tuning settings (mode ``sft``).
         verl: Settings of the ``verl`` backend (worker group size, FSDP engine).
     """
@@ -176,6 +183,8 @@ class RunConfig(SettingsSection):
     rollout_timeout_s: float = Field(default=0.0, ge=0)
     backend: str = "torch"
     device: str = "cpu"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    gradient_checkpointing: bool = False
     sft: SftConfig = SftConfig()
     verl: VerlConfig = VerlConfig()
 

@@ -375,3 +375,58 @@ def test_several_updates_per_step_recompute_old_logprobs_and_clip(micro_model_di
     metrics = backend.train_rl(TrainBatch(tuple(samples), 0))
     assert metrics["actor/ppo_kl"] != 0.0
     assert metrics["actor/pg_clipfrac"] > 0.0
+
+
+def _rl_batch() -> TrainBatch:
+    return TrainBatch(tuple(make_samples({"a": [1.0, 0.0, 0.5], "b": [0.0, 1.0, 1.0]})), 0)
+
+
+def test_gradient_checkpointing_gives_the_same_step(micro_model_dir: Path) -> None:
+    """Recomputing activations in the backward changes memory, not one number of the step."""
+    import torch
+
+    plain = load_backend(micro_model_dir, micro_batch_tokens=40)
+    recomputed = load_backend(micro_model_dir, micro_batch_tokens=40, gradient_checkpointing=True)
+    assert recomputed.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
+    want = plain.train_rl(_rl_batch())
+    got = recomputed.train_rl(_rl_batch())
+    assert got["loss/total"] == pytest.approx(want["loss/total"], rel=1e-6, abs=1e-9)
+    assert_grads_equal(grads_of(recomputed.model), grads_of(plain.model))
+    for (name, p), q in zip(plain.model.named_parameters(), recomputed.model.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-7, msg=f"updated {name} differs")
+
+
+def test_bf16_mixed_precision_keeps_fp32_weights_and_follows_the_fp32_step(micro_model_dir: Path) -> None:
+    """bf16 autocast: the forward runs in bf16 (the loss differs from fp32's), the weights, their
+    gradients and the optimizer state stay fp32, and the step points where fp32's does."""
+    import torch
+
+    fp32 = load_backend(micro_model_dir, precision="fp32")
+    bf16 = load_backend(micro_model_dir, precision="bf16")
+    want = fp32.train_rl(_rl_batch())
+    got = bf16.train_rl(_rl_batch())
+    assert got["loss/total"] != want["loss/total"]  # autocast ran
+    assert got["loss/total"] == pytest.approx(want["loss/total"], rel=0.05, abs=2e-3)
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.float32}
+    assert {g.dtype for g in grads_of(bf16.model).values()} == {torch.float32}
+    exp_avg = [s["exp_avg"] for s in bf16.optimizer.state.values()]
+    assert exp_avg and {t.dtype for t in exp_avg} == {torch.float32}
+    g16, g32 = grads_of(bf16.model), grads_of(fp32.model)
+    flat16 = torch.cat([g16[n].flatten() for n in sorted(g32)])
+    flat32 = torch.cat([g32[n].flatten() for n in sorted(g32)])
+    assert float(torch.nn.functional.cosine_similarity(flat16, flat32, dim=0)) > 0.99
+
+
+@pytest.mark.parametrize(
+    ("precision", "device", "bf16"),
+    [("fp32", "cuda", False), ("bf16", "cpu", True), ("auto", "cpu", False), ("auto", "cuda:1", None)],
+)
+def test_precision_auto_is_bf16_only_on_a_cuda_device_that_has_it(
+    precision: str, device: str, bf16: bool | None
+) -> None:
+    import torch
+
+    from openforge_trainer.backends.hf_common import uses_bf16
+
+    expected = bf16 if bf16 is not None else bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    assert uses_bf16(precision, device) is expected

@@ -12,6 +12,7 @@ the Ray worker group, vLLM sampling.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 from typing import Any
@@ -270,6 +271,32 @@ def test_cuda_keeps_verl_s_engine_defaults() -> None:
     actor = mapped["actor_rollout_ref"]["actor"]
     assert actor["fsdp_config"] == {} and actor["strategy"] == "fsdp"
     assert mapped["trainer"]["device"] == "cuda"
+    assert mapped["actor_rollout_ref"]["model"]["enable_gradient_checkpointing"] is False
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cuda_precision_sets_fsdp_mixed_precision_over_fp32_master_weights(precision: str) -> None:
+    from verl.workers.config import FSDPEngineConfig, HFModelConfig
+
+    from openforge_trainer.backends.verl_backend import verl_config
+    from openforge_trainer.backends.verl_worker import engine_settings
+
+    mapped = verl_config(cfg(device="cuda", precision=precision, gradient_checkpointing=True))
+    fsdp = mapped["actor_rollout_ref"]["actor"]["fsdp_config"]
+    assert fsdp["model_dtype"] == "fp32"
+    assert fsdp["mixed_precision"] == {"param_dtype": precision, "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    settings = engine_settings(mapped)
+    assert settings["model"]["enable_gradient_checkpointing"] is True
+    assert "enable_gradient_checkpointing" in {f.name for f in dataclasses.fields(HFModelConfig)}
+    engine = FSDPEngineConfig(**settings["engine"])  # veRL accepts the mapping
+    assert engine.mixed_precision["param_dtype"] == precision and engine.model_dtype == "fp32"
+
+
+def test_verl_on_cpu_refuses_bf16() -> None:
+    from openforge_trainer.backends.verl_backend import verl_config
+
+    with pytest.raises(InvalidArgument, match="precision"):
+        verl_config(cfg(precision="bf16"))
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """HF checkpoint writing, the clipped optimizer step and throughput metrics of the ``torch`` backend;
-the ``verl`` backend (whose checkpoints and steps are veRL's own) shares only the throughput metrics
-and the list of model files."""
+the ``verl`` backend (whose checkpoints and steps are veRL's own) shares only the throughput metrics,
+the list of model files and the choice of precision."""
 
 from __future__ import annotations
 
@@ -19,6 +19,21 @@ log = structlog.get_logger(__name__)
 #: Files a checkpoint writes itself; everything else of the model directory (tokenizer, chat
 #: template) is copied over so the checkpoint loads on its own.
 MODEL_FILES: Final = {"config.json", "generation_config.json", "model.safetensors.index.json", OPTIMIZER_FILE}
+
+
+def uses_bf16(precision: str, device: str) -> bool:
+    """Whether a run config's ``precision`` means bf16 mixed precision on ``device``.
+
+    ``auto`` is bf16 on a CUDA device that supports it (``torch.cuda.is_bf16_supported``: compute
+    capability 8.0 and up), fp32 on CPU, where bf16 autocast is slower than fp32 on most CPUs.
+    """
+    if precision != "auto":
+        return precision == "bf16"
+    if not device.startswith("cuda"):
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
 
 
 def save_checkpoint(model: Any, optimizer: Any, model_dir: Path | None, directory: Path) -> None:

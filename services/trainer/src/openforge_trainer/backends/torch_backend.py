@@ -351,6 +351,7 @@ class TorchBackend:
         self._config = config
         self._verl = load_verl()
         self._device = torch.device(config.device)
+        self._bf16 = hf_common.uses_bf16(config.precision, config.device)
         self._cfg = actor_config(self._verl, config)
         self._loss_name = POLICY_LOSSES[config.loss]
         self._model: Any = None
@@ -384,6 +385,8 @@ class TorchBackend:
         source = checkpoint_dir or model_dir
         model: Any = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
         model.to(self._device)
+        if self._config.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         self._model = model
         self._optimizer = torch.optim.AdamW(
@@ -398,7 +401,14 @@ class TorchBackend:
             ref.eval()
             ref.requires_grad_(False)
             self._ref = ref
-        log.info("backend.loaded", source=str(source), device=str(self._device), kl_reference=self._ref is not None)
+        log.info(
+            "backend.loaded",
+            source=str(source),
+            device=str(self._device),
+            kl_reference=self._ref is not None,
+            precision="bf16" if self._bf16 else "fp32",
+            gradient_checkpointing=self._config.gradient_checkpointing,
+        )
 
     # ---- RL ----
 
@@ -555,7 +565,11 @@ class TorchBackend:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         import torch
 
-        logits = response_logits(model, mb, self._config.temperature)
+        # bf16: the forward (and so its backward) under autocast, the weights, gradients and
+        # optimizer state stay fp32; the log-softmax runs on fp32 logits.
+        with torch.autocast(self._device.type, dtype=torch.bfloat16, enabled=self._bf16):
+            logits = response_logits(model, mb, self._config.temperature)
+        logits = logits.float()
         log_prob: torch.Tensor = self._verl.functional.logprobs_from_logits(logits, mb.labels)
         entropy: torch.Tensor | None = None
         if with_entropy:

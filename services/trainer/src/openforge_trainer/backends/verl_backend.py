@@ -80,6 +80,8 @@ def _validate(config: RunConfig) -> None:
         )
     if config.device != "cpu" and not config.device.startswith("cuda"):
         raise _reject("device", f"{config.device!r}: veRL trains on 'cuda' devices (or 'cpu' in-process)")
+    if config.device == "cpu" and config.precision == "bf16":
+        raise _reject("precision", "veRL's engine on CPU runs fp32 (no bf16 autocast there); use 'fp32' or 'auto'")
     v = config.verl
     if not v.distributed:
         if (v.n_gpus_per_node, v.nnodes) != (1, 1):
@@ -105,6 +107,7 @@ def _model_settings(config: RunConfig) -> dict[str, Any]:
         "use_remove_padding": packed,
         "override_config": {"attn_implementation": "flash_attention_2" if packed else "sdpa"},
         "load_tokenizer": False,  # samples arrive as token ids; tokenizer files are copied
+        "enable_gradient_checkpointing": config.gradient_checkpointing,
     }
 
 
@@ -124,6 +127,12 @@ def verl_config(config: RunConfig) -> dict[str, Any]:
     fsdp_config: dict[str, Any] = {}
     if config.device == "cpu":
         fsdp_config = verl_cpu.cpu_engine_overrides()
+    elif config.precision != "auto":  # auto keeps veRL's GPU default: fp32 master, bf16 compute
+        param = "bf16" if config.precision == "bf16" else "fp32"
+        fsdp_config = {
+            "model_dtype": "fp32",
+            "mixed_precision": {"param_dtype": param, "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+        }
     return {
         "data": {"train_batch_size": config.groups_per_step},
         "algorithm": {
