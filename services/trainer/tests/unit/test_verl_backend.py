@@ -289,7 +289,8 @@ def test_cuda_precision_sets_fsdp_mixed_precision_over_fp32_master_weights(preci
     assert settings["model"]["enable_gradient_checkpointing"] is True
     assert "enable_gradient_checkpointing" in {f.name for f in dataclasses.fields(HFModelConfig)}
     engine = FSDPEngineConfig(**settings["engine"])  # veRL accepts the mapping
-    assert engine.mixed_precision["param_dtype"] == precision and engine.model_dtype == "fp32"
+    assert engine.mixed_precision is not None and engine.model_dtype == "fp32"
+    assert engine.mixed_precision["param_dtype"] == precision
 
 
 def test_verl_on_cpu_refuses_bf16() -> None:
