@@ -34,6 +34,7 @@ from google.protobuf.duration_pb2 import Duration
 from tokenizers import Tokenizer
 
 from openforge.common.v1 import common_pb2
+from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from openforge.proxy.v1 import events_pb2, proxy_pb2, proxy_pb2_grpc
 from openforge_cli.main import main as cli
 from openforge_core.record_delta import expand_records
@@ -61,6 +62,8 @@ class Oracle:
     def __init__(self, model_dir: Path) -> None:
         self.tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.wrong = False
+        #: Instructions the oracle answers with a wrong click.
+        self.wrong_for: set[str] = set()
 
     def __call__(self, prompt_ids: list[int]) -> str:
         prompt = self.tok.decode(prompt_ids, skip_special_tokens=False)
@@ -68,11 +71,16 @@ class Oracle:
         assert instruction is not None, prompt
         tree = prompt.split("Page:\n")[-1]
         refs = {m.group(2): int(m.group(1)) for m in re.finditer(r'\[(\d+)\] \w+ "([^"]*)"', tree)}
-        (word,) = re.findall(r'"([^"]+)"', instruction.group(1))
+        words = re.findall(r'"([^"]+)"', instruction.group(1))
+        wrong = self.wrong or instruction.group(1) in self.wrong_for
         if instruction.group(1).startswith("Click"):
-            target = next(w for w in refs if w != word) if self.wrong else word
+            target = next(w for w in refs if w != words[0]) if wrong else words[0]
             plan = [tool_call_text("click", {"ref": refs[target]}, text=f"I click {target}.")]
+        elif instruction.group(1).startswith("Select"):
+            plan = [tool_call_text("click", {"ref": refs[w]}) for w in words]
+            plan.append(tool_call_text("click", {"ref": refs["Submit"]}))
         else:
+            (word,) = words
             plan = [
                 tool_call_text("type_text", {"ref": refs["Answer"], "text": word}),
                 tool_call_text("press_key", {"key": "Tab"}),
@@ -208,3 +216,79 @@ async def _recorded(nats_url: str, count: int) -> list[Any]:
         return expand_records(out)
     finally:
         await nc.close()
+
+
+@pytest.mark.slow
+def test_orchestrator_runs_the_browser_harness_in_its_sandbox(
+    tmp_path: Path, chromium: str, nats_server_fn: NatsServer, service_process: ServiceFactory
+) -> None:
+    """The orchestrator runs ``browser`` rollouts in local (bubblewrap) sandboxes; the task's own
+    verifier scores each: the oracle's clicks earn 1, a wrong click 0."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
+    runner = CliRunner()
+    assert runner.invoke(cli, ["tasks", "miniwob", "--out", str(tmp_path / "tasks")]).exit_code == 0
+    installed = runner.invoke(cli, ["harness", "install", "browser", "--dir", str(tmp_path / "harnesses")])
+    assert installed.exit_code == 0, installed.output
+    model = build_fake_model_dir(tmp_path / "model", template="qwen3")
+    oracle = Oracle(model)
+    oracle.wrong_for.add((tmp_path / "tasks" / "train" / "click-button-1" / "instruction.md").read_text().strip())
+    fake = ScriptedInferenceServer(model, default=oracle, tokens_per_message=8)
+    fake.start_in_thread()
+    try:
+        env = {"OPENFORGE_NATS__URL": nats_server_fn.url, "OPENFORGE_SERVICES__INFERENCE": fake.address}
+        proxy = service_process("openforge_proxy", env)
+        orch = service_process(
+            "openforge_orchestrator",
+            {
+                **env,
+                "OPENFORGE_SERVICES__PROXY": proxy.address,
+                "OPENFORGE_HARNESS__PROXY_HTTP": f"127.0.0.1:{proxy.http_port}",
+                "OPENFORGE_HARNESS__INSTALL_DIR": str(tmp_path / "harnesses"),
+                "OPENFORGE_TASKS__ROOT": str(tmp_path / "tasks"),
+                "OPENFORGE_SANDBOX__LOCAL__ROOT": str(tmp_path / "sandboxes"),
+                "OPENFORGE_SANDBOX__LOCAL__CACHE": str(tmp_path / "cache"),
+                "OPENFORGE_SANDBOX__LOCAL__ARTIFACTS": str(tmp_path / "artifacts"),
+            },
+        )
+        done = asyncio.run(_submit(orch.address, ["click-checkboxes-0", "click-button-1"]))
+    finally:
+        fake.stop_thread()
+    status = {r.task_id: (r.status, r.reward, r.failure_reason) for r in done}
+    assert status == {
+        "click-checkboxes-0": (common_pb2.ROLLOUT_STATUS_SUCCEEDED, 1.0, ""),
+        "click-button-1": (common_pb2.ROLLOUT_STATUS_SUCCEEDED, 0.0, ""),
+    }, [(r.task_id, r.verifier_output) for r in done]
+    assert len(fake.seen) == 4 + 2  # 2 checkboxes, Submit, done; a click, done
+
+
+async def _submit(orch: str, task_ids: list[str]) -> list[common_pb2.Rollout]:
+    async with open_channel(orch) as ch:
+        stub = orchestrator_pb2_grpc.OrchestratorServiceStub(ch)
+        resp = await stub.SubmitRollouts(
+            orchestrator_pb2.SubmitRolloutsRequest(
+                request_id="browser",
+                run_id="run-browser",
+                tasks=[orchestrator_pb2.TaskRef(task_id=t, task_set="train") for t in task_ids],
+                group_size=1,
+                harness="browser",
+                model_name=MODEL,
+                sampling=common_pb2.SamplingParams(temperature=1.0, max_tokens=256),
+            )
+        )
+        ids = {r.rollout_id for r in resp.rollouts}
+        terminal = {
+            common_pb2.ROLLOUT_STATUS_SUCCEEDED,
+            common_pb2.ROLLOUT_STATUS_FAILED,
+            common_pb2.ROLLOUT_STATUS_TIMED_OUT,
+            common_pb2.ROLLOUT_STATUS_CANCELLED,
+        }
+        out: dict[str, common_pb2.Rollout] = {}
+        call = stub.WatchRollouts(orchestrator_pb2.WatchRolloutsRequest(run_id="run-browser"), timeout=120)
+        async for ev in call:
+            if ev.rollout.rollout_id in ids and ev.rollout.status in terminal:
+                out[ev.rollout.rollout_id] = ev.rollout
+                if len(out) == len(ids):
+                    call.cancel()
+                    break
+        return list(out.values())

@@ -55,3 +55,6 @@ def test_verifier_reads_the_final_page_state(tmp_path: Path) -> None:
         assert _reward(task, tmp_path, {"page": {"data": wrong}}) == 0.0
         assert _reward(task, tmp_path, {"page": {"data": {}}}) == 0.0
         assert _reward(task, tmp_path, None) == 0.0
+    # the page writes the checked labels with JSON.stringify (no spaces)
+    boxes = by_id["click-checkboxes-0"]
+    assert boxes.expected == {"submitted": "[" + ",".join(f'"{t}"' for t in sorted(boxes.target)) + "]"}

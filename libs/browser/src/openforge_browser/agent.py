@@ -15,6 +15,7 @@ a bearer key): in a rollout, the proxy.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -236,12 +237,33 @@ async def run_episode(page: Page, instruction: str, chat: ChatFn, max_steps: int
     return episode
 
 
+#: Chromium's flags beyond Playwright's: no sandbox of its own (it needs user namespaces, which
+#: the rollout sandbox, bubblewrap, already uses; the page is the task's local file), and no host
+#: name resolved (Chromium's own side traffic, such as its component updater's, would otherwise
+#: show up as DNS queries the rollout sandbox reports as a bypass); loopback still resolves.
+CHROMIUM_ARGS: Final = (
+    "--no-sandbox",
+    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE localhost",
+    "--dns-prefetch-disable",
+    "--disable-domain-reliability",
+    "--no-pings",
+)
+
+#: Debian's Chromium binary behind its ``/usr/bin/chromium`` wrapper script.
+DEBIAN_CHROMIUM: Final = "/usr/lib/chromium/chromium"
+
+
 def chromium_path() -> str:
-    """Debian's ``chromium`` on PATH (Playwright's own browser download is not used).
+    """Debian's Chromium (Playwright's own browser download is not used).
+
+    The binary itself when it is where Debian puts it: the ``/usr/bin/chromium`` wrapper sources
+    ``/etc/chromium.d``, which a sandbox does not expose. Otherwise ``chromium`` on PATH.
 
     Raises:
-        FileNotFoundError: No ``chromium`` on PATH.
+        FileNotFoundError: Neither is there.
     """
+    if os.access(DEBIAN_CHROMIUM, os.X_OK):
+        return DEBIAN_CHROMIUM
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
         raise FileNotFoundError("no chromium on PATH (Debian: apt-get install chromium)")
@@ -251,9 +273,7 @@ def chromium_path() -> str:
 async def run(url: str, instruction: str, endpoint: ChatEndpoint, max_steps: int = 10) -> Episode:
     """One episode in a fresh headless Chromium: opens ``url``, runs :func:`run_episode`."""
     async with async_playwright() as pw, aiohttp.ClientSession() as session:
-        # --no-sandbox: Chromium's own sandbox needs user namespaces, which the rollout sandbox
-        # (bubblewrap) already uses; the page is the task's local file.
-        browser = await pw.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+        browser = await pw.chromium.launch(executable_path=chromium_path(), args=list(CHROMIUM_ARGS))
         try:
             page = await browser.new_page()
             await page.goto(url)

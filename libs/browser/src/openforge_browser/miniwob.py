@@ -79,7 +79,8 @@ class Instance:
             return {"clicked": self.target[0]}
         if self.kind == "enter-text":
             return {"submitted": self.target[0]}
-        return {"submitted": json.dumps(sorted(self.target))}
+        # as the page's JSON.stringify writes it: no spaces
+        return {"submitted": json.dumps(sorted(self.target), separators=(",", ":"))}
 
 
 def instances(per_kind: int = 6, seed: int = 0) -> list[Instance]:
@@ -231,9 +232,10 @@ def write_task(inst: Instance, folder: Path, split_name: str) -> None:
     (folder / "task.toml").write_text(_TASK_TOML.format(split=split_name))
     (folder / "instruction.md").write_text(inst.instruction + "\n")
     (files / PAGE_FILE).write_text(page_html(inst))
+    # The workspace only: Chromium comes with the harness (Debian's, from the host or the
+    # harness image), not from the task.
     (folder / "environment" / "Dockerfile").write_text(
-        "FROM python:3.11-slim-bookworm\nRUN apt-get update && apt-get install -y --no-install-recommends chromium"
-        " && rm -rf /var/lib/apt/lists/*\nWORKDIR /app\nCOPY files/ /app/\n"
+        "FROM python:3.11-slim-bookworm\nWORKDIR /app\nCOPY files/ /app/\n"
     )
     (folder / "tests" / "test.sh").write_text(_TEST_SH.format(state=STATE_FILE))
     (folder / "tests" / "check.py").write_text(_CHECK_PY.format(expected=json.dumps(inst.expected)))

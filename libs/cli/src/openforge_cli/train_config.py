@@ -265,9 +265,9 @@ def check_names(cfg: TrainConfig) -> None:
     Raises:
         click.ClickException: One line naming the field and the unknown name.
     """
-    from openforge_cli.harness import PINS
+    from openforge_cli.harness import PINS, WORKSPACE_HARNESSES
 
-    harnesses = sorted([*PINS, "command"])
+    harnesses = sorted([*PINS, *WORKSPACE_HARNESSES, "command"])
     if cfg.harness not in harnesses:
         raise click.ClickException(f"harness: unknown harness {cfg.harness!r} (one of {harnesses})")
     engines = [

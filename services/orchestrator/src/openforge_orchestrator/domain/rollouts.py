@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from openforge.common.v1.common_pb2 import SamplingParams
 from openforge_core.errors import InvalidArgument, NotFound
 
-HARNESSES = frozenset({"claude-code", "codex", "openclaw", "mini-swe-agent", "command"})
+HARNESSES = frozenset({"claude-code", "codex", "openclaw", "mini-swe-agent", "browser", "command"})
 
 
 class RolloutStatus(enum.Enum):

@@ -45,6 +45,7 @@ ADAPTERS = LazyRegistry(
         "claude-code": "openforge_orchestrator.harnesses.claude_code:ClaudeCodeAdapter",
         "codex": "openforge_orchestrator.harnesses.codex:CodexAdapter",
         "openclaw": "openforge_orchestrator.harnesses.openclaw:OpenClawAdapter",
+        "browser": "openforge_orchestrator.harnesses.browser:BrowserAdapter",
     },
 )
 
