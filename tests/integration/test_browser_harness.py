@@ -84,6 +84,7 @@ class Oracle:
             plan = [
                 tool_call_text("type_text", {"ref": refs["Answer"], "text": word}),
                 tool_call_text("press_key", {"key": "Tab"}),
+                tool_call_text("scroll", {"direction": "down"}),
                 tool_call_text("click", {"ref": refs["Submit"]}),
             ]
         plan.append(tool_call_text("done", {"answer": "submitted"}))
@@ -166,13 +167,16 @@ def test_browser_harness_through_the_proxy(
         records = asyncio.run(_recorded(nats_server_fn.url, sum(calls.values())))
     finally:
         fake.stop_thread()
-    assert calls == {"ro-0": 2, "ro-1": 4, "ro-2": 2}
+    assert calls == {"ro-0": 2, "ro-1": 5, "ro-2": 2}
     assert len(fake.seen) == sum(calls.values())
     for rec, seen in zip(records, fake.seen, strict=True):
         assert list(rec.prompt_token_ids) == seen.prompt_ids
         assert list(rec.completion_token_ids) == seen.sampled_ids
         assert rec.http_status == 200
         body = json.loads(rec.request_json)
+        # the instruction and the page's accessibility tree, as the model sees them
+        assert body["messages"][1]["content"].startswith("Task: ") and "\nPage:\n" in body["messages"][1]["content"]
+        assert re.search(r'^\[1\] (button|textbox) "', body["messages"][1]["content"], re.M)
         assert body["model"] == MODEL and [t["function"]["name"] for t in body["tools"]] == [
             "click",
             "type_text",

@@ -156,6 +156,11 @@ def test_harness_configs_turn_side_traffic_off() -> None:
     mini = adapter("mini-swe-agent").launch(CTX, None)
     assert mini.env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True" and "openai/policy-model" in mini.argv
     assert mini.env["OPENAI_API_BASE"] == "http://127.0.0.1:8080/v1"
+    browser = adapter("browser").launch(CTX, None)
+    assert browser.env["OPENAI_BASE_URL"] == "http://127.0.0.1:8080/v1" and browser.argv[0] == "openforge-browser"
+    argv = dict(zip(browser.argv[1::2], browser.argv[2::2], strict=True))
+    assert argv["--url"] == f"file://{CTX.workdir.rstrip('/')}/index.html" and argv["--model"] == "policy-model"
+    assert browser.files[argv["--instruction-file"]] == CTX.instruction
 
 
 def test_command_template_errors() -> None:
