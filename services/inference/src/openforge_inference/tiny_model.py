@@ -338,6 +338,8 @@ class TinyFamily:
             Llama 3.1's is) rather than the first (as Qwen2's is).
         rope_parameters: ``rope_parameters`` of the config.
         corpus: Texts added to the tokenizer's training corpus (the family's own formats).
+        tie_word_embeddings: The output layer is the embedding (Qwen2's and Llama 3.2's small
+            models), or a matrix of its own (GLM-4.5's).
     """
 
     architecture: Literal["qwen2", "llama", "glm4_moe"]
@@ -353,6 +355,7 @@ class TinyFamily:
     config_eos_all: bool
     rope_parameters: dict[str, str | float | int]
     corpus: tuple[str, ...] = ()
+    tie_word_embeddings: bool = True
 
 
 def _llama3_corpus() -> tuple[str, ...]:
@@ -449,6 +452,7 @@ FAMILIES: Final[dict[str, TinyFamily]] = {
         # GLM-4.5's RoPE: theta 1M over half of each head (partial rotary factor 0.5)
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "partial_rotary_factor": 0.5},
         corpus=_glm45_corpus(),
+        tie_word_embeddings=False,
     ),
 }
 
@@ -589,8 +593,10 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, famil
     extra: dict[str, Any] = {}
     if fam.architecture == "glm4_moe":
         # a dense first layer, then 4 routed experts (2 per token) and a shared one, each a
-        # quarter of the dense MLP; no multi-token-prediction layer
+        # quarter of the dense MLP; no multi-token-prediction layer; head_dim written out, as
+        # GLM-4.5's config does (vLLM reads it)
         extra = {
+            "head_dim": spec.hidden_size // spec.num_attention_heads,
             "first_k_dense_replace": 1,
             "n_routed_experts": 4,
             "num_experts_per_tok": 2,
@@ -607,7 +613,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, famil
         num_key_value_heads=spec.num_key_value_heads,
         max_position_embeddings=spec.max_position_embeddings,
         rope_parameters=dict(fam.rope_parameters),
-        tie_word_embeddings=True,
+        tie_word_embeddings=fam.tie_word_embeddings,
         bos_token_id=bos_id,
         eos_token_id=eos_ids if fam.config_eos_all else eos_ids[0],
         pad_token_id=pad_id,
