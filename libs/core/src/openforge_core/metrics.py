@@ -92,7 +92,13 @@ class MetricsInterceptor(GuardingInterceptor):
         self._m = metrics
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
-        kind = "unary" if handler.unary_unary is not None else "server_stream"
+        kind = (
+            "unary"
+            if handler.unary_unary is not None
+            else "client_stream"
+            if handler.stream_unary is not None
+            else "server_stream"
+        )
         service, _, name = method.lstrip("/").rpartition("/")
         m = self._m
 

@@ -335,6 +335,10 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
         self.seen: list[SeenRequest] = []
         self.fail_next: list[grpc.StatusCode] = []
         self.fail_after_tokens: int | None = None
+        #: When false, ``PushWeights`` answers UNIMPLEMENTED (a server older than the RPC).
+        self.serves_push_weights = True
+        #: Bytes received by each ``PushWeights`` call.
+        self.pushed_bytes: list[int] = []
         #: When set, the next generation streams one logprob fewer than token ids (a broken engine).
         self.short_logprobs = False
         #: When set, the next generation streams every logprob with its last message, none with
@@ -473,6 +477,25 @@ class ScriptedInferenceServer(inference_pb2_grpc.InferenceServiceServicer):
         """Only the reported policy version changes (there are no weights)."""
         self.policy_version = request.version
         return inference_pb2.UpdateWeightsResponse(version=request.version)
+
+    async def PushWeights(
+        self,
+        request_iterator: AsyncIterator[inference_pb2.PushWeightsRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> inference_pb2.PushWeightsResponse:
+        """Reads the stream to its end and counts its bytes; the reported policy version becomes
+        the header's (there are no weights). UNIMPLEMENTED unless :attr:`serves_push_weights`."""
+        version, received = 0, 0
+        async for message in request_iterator:
+            if message.WhichOneof("part") == "header":
+                version = message.header.version
+            else:
+                received += len(message.chunk)
+        if not self.serves_push_weights:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "PushWeights is not implemented by this server")
+        self.pushed_bytes.append(received)
+        self.policy_version = version
+        return inference_pb2.PushWeightsResponse(version=version, bytes=received)
 
     # --- serving ---------------------------------------------------------------
 

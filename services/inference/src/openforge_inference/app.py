@@ -12,6 +12,7 @@ from openforge.inference.v1 import events_pb2, inference_pb2, inference_pb2_grpc
 from openforge_core.events import EventBus, subject_for
 from openforge_inference.engines import create_engine
 from openforge_inference.engines.base import Engine, EngineConfig
+from openforge_inference.pushed_weights import PushStaging
 from openforge_inference.servicer import InferenceServicer
 from openforge_inference.settings import InferenceSettings
 
@@ -49,7 +50,8 @@ class InferenceApp:
                     vllm=settings.vllm,
                 ),
             )
-        self.servicer = InferenceServicer(self.engine, self._weights_loaded)
+        pushes = PushStaging(settings.push_dir, int(settings.push_max_gib * 1024**3))
+        self.servicer = InferenceServicer(self.engine, self._weights_loaded, pushes)
 
     def register(self, server: grpc.aio.Server) -> None:
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(self.servicer, server)
@@ -78,4 +80,5 @@ class InferenceApp:
     async def close(self) -> None:
         if self.engine is not None:
             await self.engine.close()
+        self.servicer.close()
         await self.events.close()

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
@@ -23,6 +24,7 @@ from openforge.inference.v1 import inference_pb2, inference_pb2_grpc
 from openforge_core.errors import FailedPrecondition, Unavailable
 from openforge_core.field_rules import require
 from openforge_inference.engines.base import (
+    CheckpointError,
     Engine,
     FinishReason,
     GenerateDelta,
@@ -30,6 +32,7 @@ from openforge_inference.engines.base import (
     ModelInfo,
     SamplingOptions,
 )
+from openforge_inference.pushed_weights import PushedFile, PushStaging
 
 _FINISH = {
     FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
@@ -37,8 +40,10 @@ _FINISH = {
     FinishReason.ABORT: common_pb2.FINISH_REASON_ABORT,
     FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
 }
-#: UpdateWeights answers remembered for idempotent retries (by request_id).
+#: UpdateWeights and PushWeights answers remembered for idempotent retries (by request_id).
 _UPDATE_MEMORY = 256
+_DEFAULT_PUSH_MAX_BYTES = 64 * 1024**3
+_Response = TypeVar("_Response", inference_pb2.UpdateWeightsResponse, inference_pb2.PushWeightsResponse)
 
 WeightsListener = Callable[[str, int, str], Awaitable[None]]
 
@@ -154,12 +159,21 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         engine: The engine, or None when no model is configured.
         on_weights: Called after new weights serve (uri, version, checksum), e.g. to publish
             ``WeightsLoaded``.
+        pushes: Where ``PushWeights`` stages the files it receives (None = a tmpfs folder, at
+            most 64 GiB a push).
     """
 
-    def __init__(self, engine: Engine | None, on_weights: WeightsListener | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine | None,
+        on_weights: WeightsListener | None = None,
+        pushes: PushStaging | None = None,
+    ) -> None:
         self._engine = engine
         self._on_weights = on_weights
+        self._pushes = pushes or PushStaging(None, _DEFAULT_PUSH_MAX_BYTES)
         self._updates: OrderedDict[str, inference_pb2.UpdateWeightsResponse] = OrderedDict()
+        self._pushed: OrderedDict[str, inference_pb2.PushWeightsResponse] = OrderedDict()
 
     def _require(self) -> Engine:
         if self._engine is None:
@@ -228,13 +242,73 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             return self._updates[request.request_id]
         took = await engine.update_weights(request.uri, request.version, request.checksum)
         info = await engine.model_info()
-        load_time = Duration()
-        load_time.FromTimedelta(took)
-        resp = inference_pb2.UpdateWeightsResponse(version=info.policy_version, load_time=load_time)
-        if request.request_id:
-            self._updates[request.request_id] = resp
-            while len(self._updates) > _UPDATE_MEMORY:
-                self._updates.popitem(last=False)
+        resp = inference_pb2.UpdateWeightsResponse(version=info.policy_version, load_time=_duration(took))
+        _remember(self._updates, request.request_id, resp)
         if self._on_weights is not None and took.total_seconds() > 0:
             await self._on_weights(request.uri, info.policy_version, request.checksum)
         return resp
+
+    async def PushWeights(
+        self,
+        request_iterator: AsyncIterator[inference_pb2.PushWeightsRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> inference_pb2.PushWeightsResponse:
+        """Stages the streamed files (:mod:`~openforge_inference.pushed_weights`), then loads them
+        as :meth:`UpdateWeights` loads a checkpoint; idempotent per request_id and per (version,
+        checksum).
+
+        Errors: as UpdateWeights; INVALID_ARGUMENT for a stream that does not match its header.
+        A refused stream is read to its end before the error is returned (a gRPC aio client
+        still sending when the call ends gets INTERNAL instead of the error's own status).
+        """
+        engine = self._require()
+        messages = aiter(request_iterator)
+        try:
+            first = await anext(messages, None)
+            if first is None or first.WhichOneof("part") != "header":
+                raise CheckpointError("header", "a PushWeights stream starts with its header")
+            header = first.header
+            if header.request_id and header.request_id in self._pushed:
+                return self._pushed[header.request_id]
+            files = [PushedFile(f.name, f.size) for f in header.files]
+            folder, received = await self._pushes.receive(files, _chunks(messages))
+        finally:
+            async for _ in messages:  # drain what a refused stream still sends
+                pass
+        served = False
+        try:
+            took = await engine.update_weights(str(folder), header.version, header.checksum)
+            served = took.total_seconds() > 0
+        finally:
+            self._pushes.settle(folder, serving=served)
+        info = await engine.model_info()
+        resp = inference_pb2.PushWeightsResponse(version=info.policy_version, load_time=_duration(took), bytes=received)
+        _remember(self._pushed, header.request_id, resp)
+        if self._on_weights is not None and served:
+            await self._on_weights(folder.as_uri(), info.policy_version, header.checksum)
+        return resp
+
+    def close(self) -> None:
+        """Removes the staged pushed checkpoints."""
+        self._pushes.close()
+
+
+async def _chunks(messages: AsyncIterator[inference_pb2.PushWeightsRequest]) -> AsyncIterator[bytes]:
+    async for message in messages:
+        if message.WhichOneof("part") != "chunk":
+            raise CheckpointError("header", "a PushWeights stream has one header, first")
+        yield message.chunk
+
+
+def _duration(took: datetime.timedelta) -> Duration:
+    duration = Duration()
+    duration.FromTimedelta(took)
+    return duration
+
+
+def _remember(memory: OrderedDict[str, _Response], request_id: str, resp: _Response) -> None:
+    """Keeps an answer for retries of ``request_id`` (the last :data:`_UPDATE_MEMORY`)."""
+    if request_id:
+        memory[request_id] = resp
+        while len(memory) > _UPDATE_MEMORY:
+            memory.popitem(last=False)

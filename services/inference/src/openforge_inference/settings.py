@@ -36,6 +36,9 @@ class InferenceSettings(ServiceSettings):
             demonstrations of one command, floor or ceil of n x rate are wrong).
         scripted_error_kind: That error: ``plan`` (a conversation follows another task's plan)
             or ``unwritten`` (a command's redirection of its output into a file is dropped).
+        push_dir: Where ``PushWeights`` stages the checkpoints it receives (None = ``/dev/shm``,
+            memory, where it is writable, else the system temp folder).
+        push_max_gib: Largest ``PushWeights`` checkpoint accepted, in GiB.
         vllm: How the ``vllm`` engine runs the model (``OPENFORGE_VLLM__DTYPE``,
             ``__ENFORCE_EAGER``, ``__GPU_MEMORY_UTILIZATION``, ``__TENSOR_PARALLEL_SIZE``,
             ``__ENABLE_PREFIX_CACHING``); the defaults suit the platform (CPU or GPU).
@@ -55,4 +58,6 @@ class InferenceSettings(ServiceSettings):
     scripted_tasks_root: Path | None = None
     scripted_error_rate: float = Field(default=0.0, ge=0, le=1)
     scripted_error_kind: ScriptedErrorKind = "plan"
+    push_dir: Path | None = None
+    push_max_gib: float = Field(default=64.0, gt=0)
     vllm: VllmOptions = VllmOptions()

@@ -42,7 +42,9 @@ class TrainerApp:
         addresses = settings.services
         self.orchestrator = OrchestratorClient(addresses.orchestrator, timeout_s=settings.submit_timeout_s)
         self.store = StoreClient(addresses.trajectory_store)
-        self.inference = InferenceClient(addresses.inference, timeout_s=settings.weight_sync_timeout_s)
+        self.inference = InferenceClient(
+            addresses.inference, timeout_s=settings.weight_sync_timeout_s, weight_sync=settings.weight_sync
+        )
         self.checkpoints = FileCheckpointStore(settings.checkpoint_dir, keep=settings.keep_checkpoints)
         self.events = EventBus(settings.nats) if settings.publish_events else None
         sinks: list[MetricsSink] = [default_prometheus_sink()]

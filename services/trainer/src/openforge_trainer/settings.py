@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -23,7 +23,11 @@ class TrainerSettings(ServiceSettings):
             (``OPENFORGE_RESUME_ON_START``).
         publish_events: Connect to NATS and publish ``step_completed`` events
             (``OPENFORGE_PUBLISH_EVENTS``).
-        weight_sync_timeout_s: Deadline of ``UpdateWeights``, seconds.
+        weight_sync: How checkpoints reach inference (``OPENFORGE_WEIGHT_SYNC``): ``file``,
+            inference reads them at their path (``UpdateWeights``; needs a shared filesystem),
+            or ``stream``, their safetensors files are streamed to inference (``PushWeights``;
+            staged in memory there), falling back to ``file`` when the stream fails.
+        weight_sync_timeout_s: Deadline of ``UpdateWeights`` or ``PushWeights``, seconds.
         submit_timeout_s: Deadline of ``SubmitRollouts``, seconds.
         stall_check_s: Seconds a run waits for a completed group before it checks that
             inference serves its policy version and the orchestrator still holds its pending
@@ -38,6 +42,7 @@ class TrainerSettings(ServiceSettings):
     keep_checkpoints: int = Field(default=3, ge=1)
     resume_on_start: bool = True
     publish_events: bool = True
+    weight_sync: Literal["file", "stream"] = "file"
     weight_sync_timeout_s: float = Field(default=300.0, gt=0)
     submit_timeout_s: float = Field(default=30.0, gt=0)
     stall_check_s: float = Field(default=30.0, ge=0)

@@ -144,7 +144,8 @@ def _descriptor(deserializer: Any) -> Descriptor | None:
 
 
 class RequestValidationInterceptor(GuardingInterceptor):
-    """Checks every unary request before its handler runs (see the module docstring).
+    """Checks every request before its handler runs (see the module docstring); each message of a
+    client stream as the handler reads it.
 
     Place it after the error-mapping interceptor, so the InvalidArgument it raises is mapped.
     """
@@ -153,6 +154,8 @@ class RequestValidationInterceptor(GuardingInterceptor):
         if handler.request_deserializer is None:
             return handler
         deserializer = tolerant(handler.request_deserializer, _descriptor(handler.request_deserializer))
+        if handler.stream_unary is not None:
+            return _checked_client_stream(handler, deserializer)
 
         @contextlib.asynccontextmanager
         async def checked(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
@@ -160,3 +163,22 @@ class RequestValidationInterceptor(GuardingInterceptor):
             yield
 
         return wrap_handler(handler, checked, deserializer)
+
+
+def _checked_client_stream(
+    handler: grpc.RpcMethodHandler[Any, Any], deserializer: Any
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A client-streaming handler whose messages are each checked as the handler reads them."""
+    inner: Any = handler.stream_unary
+
+    async def checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        async def each() -> AsyncIterator[Any]:
+            async for request in requests:
+                check_request(request)
+                yield request
+
+        return await inner(each(), context)
+
+    return grpc.stream_unary_rpc_method_handler(
+        checked, request_deserializer=deserializer, response_serializer=handler.response_serializer
+    )

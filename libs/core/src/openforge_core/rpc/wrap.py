@@ -2,10 +2,11 @@
 
 A guard is an async context manager factory called with the request and the servicer context;
 the handler runs inside it (for a server stream, the whole stream), so it sees the handler's
-exception, if any, and may replace it (``context.abort`` raises ``AbortError``). Unary and
-server-streaming handlers are wrapped, both server-streaming forms included (an async
-generator, or a coroutine that writes with ``context.write()``, as ``Health.Watch``); client
-streams pass through unwrapped (no service has one).
+exception, if any, and may replace it (``context.abort`` raises ``AbortError``). Unary,
+server-streaming (both forms: an async generator, or a coroutine that writes with
+``context.write()``, as ``Health.Watch``) and client-streaming handlers are wrapped; a client
+stream's guard gets ``None`` as its request (the messages arrive while the handler runs).
+Bidirectional streams pass through unwrapped (no service has one).
 """
 
 from __future__ import annotations
@@ -56,6 +57,16 @@ def wrap_handler(
             stream = unary_stream_writer
         return grpc.unary_stream_rpc_method_handler(
             stream, request_deserializer=deserializer, response_serializer=handler.response_serializer
+        )
+    if handler.stream_unary is not None:
+        inner_su: Any = handler.stream_unary
+
+        async def stream_unary(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            async with guard(None, context):
+                return await inner_su(requests, context)
+
+        return grpc.stream_unary_rpc_method_handler(
+            stream_unary, request_deserializer=deserializer, response_serializer=handler.response_serializer
         )
     return handler
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable
-from typing import Final
+from pathlib import Path
+from typing import Final, Literal
 
 import grpc
 import structlog
@@ -27,6 +28,12 @@ from openforge_trainer.domain.ports import RolloutRequest
 from openforge_trainer.domain.samples import CompletedGroup, ExcludedRollout, ExclusionReason, TrainSample
 
 log = structlog.get_logger(__name__)
+
+#: Inference refused the weights themselves: the file path would refuse them too.
+_REFUSED_WEIGHTS: Final = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.DATA_LOSS}
+
+#: How the trainer hands checkpoints to inference (:class:`InferenceClient`).
+WeightSyncMode = Literal["file", "stream"]
 
 _RETRYABLE_STREAM = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.DEADLINE_EXCEEDED}
 
@@ -212,16 +219,23 @@ class StoreClient:
 
 
 class InferenceClient:
-    """``UpdateWeights`` and ``GetModelInfo`` on inference.
+    """``UpdateWeights`` (or ``PushWeights``) and ``GetModelInfo`` on inference.
 
     Args:
         target: ``host:port``.
         timeout_s: Deadline of the call (loading weights takes a while), seconds.
+        weight_sync: ``file``: inference reads the checkpoint at its path (``UpdateWeights``; a
+            shared filesystem); ``stream``: the checkpoint's safetensors files are streamed in
+            the call (``PushWeights``; no shared filesystem), falling back to ``file`` when the
+            stream fails for any reason but a refusal of the weights themselves.
+        chunk_bytes: Bytes per ``PushWeights`` message.
     """
 
     SERVICE = "openforge.inference.v1.InferenceService"
 
-    def __init__(self, target: str, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, target: str, timeout_s: float = 300.0, weight_sync: WeightSyncMode = "file", chunk_bytes: int = 1 << 20
+    ) -> None:
         self._channel = open_channel(
             target,
             service=self.SERVICE,
@@ -230,12 +244,51 @@ class InferenceClient:
         )
         self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
         self._info_timeout_s = min(timeout_s, 10.0)
+        self._timeout_s = timeout_s
+        self._weight_sync = weight_sync
+        self._chunk_bytes = chunk_bytes
 
     async def update_weights(self, request_id: str, uri: str, version: int, checksum: str) -> int:
-        """Loads the checkpoint as ``version``; returns the version serving."""
+        """Loads the checkpoint at ``uri`` (a local directory when streamed) as ``version``;
+        returns the version serving.
+
+        Raises:
+            grpc.aio.AioRpcError: Inference refused the weights (INVALID_ARGUMENT, DATA_LOSS) or
+                the file path failed too.
+        """
+        if self._weight_sync == "stream":
+            try:
+                return await self.push_weights(request_id, Path(uri), version, checksum)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in _REFUSED_WEIGHTS:
+                    raise
+                log.warning(
+                    "inference.push_failed", request_id=request_id, code=exc.code().name, fallback="UpdateWeights"
+                )
         resp = await self._stub.UpdateWeights(
             inference_pb2.UpdateWeightsRequest(request_id=request_id, uri=uri, version=version, checksum=checksum)
         )
+        return int(resp.version)
+
+    async def push_weights(self, request_id: str, directory: Path, version: int, checksum: str) -> int:
+        """Streams the ``*.safetensors`` files of ``directory`` (by name) in ``PushWeights``;
+        returns the version serving."""
+        files = await asyncio.to_thread(_safetensors_files, directory)
+        header = inference_pb2.PushWeightsHeader(
+            request_id=request_id,
+            version=version,
+            checksum=checksum,
+            files=[inference_pb2.PushedFile(name=p.name, size=size) for p, size in files],
+        )
+
+        async def messages() -> AsyncIterator[inference_pb2.PushWeightsRequest]:
+            yield inference_pb2.PushWeightsRequest(header=header)
+            for path, _size in files:
+                with path.open("rb") as f:
+                    while chunk := await asyncio.to_thread(f.read, self._chunk_bytes):
+                        yield inference_pb2.PushWeightsRequest(chunk=chunk)
+
+        resp = await self._stub.PushWeights(messages(), timeout=self._timeout_s)
         return int(resp.version)
 
     async def serving_version(self) -> int:
@@ -260,3 +313,9 @@ def _unique(items: Iterable[str]) -> list[str]:
     for item in items:
         seen.setdefault(item, None)
     return list(seen)
+
+
+def _safetensors_files(directory: Path) -> list[tuple[Path, int]]:
+    """The directory's ``*.safetensors`` files by name, with their sizes in bytes."""
+    files = sorted((p for p in directory.glob("*.safetensors") if p.is_file()), key=lambda p: p.name)
+    return [(p, p.stat().st_size) for p in files]

@@ -333,6 +333,136 @@ class UpdateWeightsResponse(_message.Message):
 Global___UpdateWeightsResponse: _TypeAlias = UpdateWeightsResponse  # noqa: Y015
 
 @_typing.final
+class PushWeightsRequest(_message.Message):
+    """One message of a PushWeights stream: the header first, then chunks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    chunk: _builtins.bytes
+    """The next bytes of the files, in the header's order (any chunk size up
+    to the server's message limit).
+    """
+    @_builtins.property
+    def header(self) -> Global___PushWeightsHeader:
+        """First message only."""
+
+    def __init__(
+        self,
+        *,
+        header: Global___PushWeightsHeader | None = ...,
+        chunk: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "header", b"header", "part", b"part"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "header", b"header", "part", b"part"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_part: _TypeAlias = _typing.Literal["header", "chunk"]  # noqa: Y015
+    _WhichOneofArgType_part: _TypeAlias = _typing.Literal["part", b"part"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_part) -> _WhichOneofReturnType_part | None: ...
+
+Global___PushWeightsRequest: _TypeAlias = PushWeightsRequest  # noqa: Y015
+
+@_typing.final
+class PushWeightsHeader(_message.Message):
+    """What a PushWeights stream carries."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    CHECKSUM_FIELD_NUMBER: _builtins.int
+    FILES_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """Idempotency key for retries."""
+    version: _builtins.int
+    """The policy version these weights become; must be greater than the
+    version serving now.
+    """
+    checksum: _builtins.str
+    """"sha256:<hex>" over the files' bytes in name order (as
+    UpdateWeightsRequest.checksum); empty skips the check.
+    """
+    @_builtins.property
+    def files(self) -> _containers.RepeatedCompositeFieldContainer[Global___PushedFile]:
+        """The files, in the order their bytes follow, sorted by name."""
+
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        version: _builtins.int = ...,
+        checksum: _builtins.str = ...,
+        files: _abc.Iterable[Global___PushedFile] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "files", b"files", "request_id", b"request_id", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushWeightsHeader: _TypeAlias = PushWeightsHeader  # noqa: Y015
+
+@_typing.final
+class PushedFile(_message.Message):
+    """One file of a pushed checkpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Plain file name ending in .safetensors (no directory part)."""
+    size: _builtins.int
+    """Size in bytes."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushedFile: _TypeAlias = PushedFile  # noqa: Y015
+
+@_typing.final
+class PushWeightsResponse(_message.Message):
+    """Result of PushWeights."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    LOAD_TIME_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """The policy version serving after the call."""
+    bytes: _builtins.int
+    """Bytes received."""
+    @_builtins.property
+    def load_time(self) -> _duration_pb2.Duration:
+        """Time spent loading (after the last byte arrived)."""
+
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        load_time: _duration_pb2.Duration | None = ...,
+        bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["load_time", b"load_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "load_time", b"load_time", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushWeightsResponse: _TypeAlias = PushWeightsResponse  # noqa: Y015
+
+@_typing.final
 class GetModelInfoRequest(_message.Message):
     """Describe the served model."""
 

@@ -61,6 +61,11 @@ class InferenceServiceStub:
                 request_serializer=openforge_dot_inference_dot_v1_dot_inference__pb2.UpdateWeightsRequest.SerializeToString,
                 response_deserializer=openforge_dot_inference_dot_v1_dot_inference__pb2.UpdateWeightsResponse.FromString,
                 _registered_method=True)
+        self.PushWeights = channel.stream_unary(
+                '/openforge.inference.v1.InferenceService/PushWeights',
+                request_serializer=openforge_dot_inference_dot_v1_dot_inference__pb2.PushWeightsRequest.SerializeToString,
+                response_deserializer=openforge_dot_inference_dot_v1_dot_inference__pb2.PushWeightsResponse.FromString,
+                _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/openforge.inference.v1.InferenceService/GetModelInfo',
                 request_serializer=openforge_dot_inference_dot_v1_dot_inference__pb2.GetModelInfoRequest.SerializeToString,
@@ -122,6 +127,20 @@ class InferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PushWeights(self, request_iterator, context):
+        """Loads new weights streamed in the call: a header, then the checkpoint's
+        safetensors files' bytes in chunks, for an inference machine that shares
+        no filesystem with the trainer. The files are staged in memory (a tmpfs)
+        on the inference side and loaded as UpdateWeights loads a checkpoint,
+        with its guarantees. Idempotent per request_id and per (version,
+        checksum). Errors: as UpdateWeights, and INVALID_ARGUMENT for a stream
+        that does not match its header (a missing header, a file name that is
+        not a plain *.safetensors name, fewer or more bytes than declared).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetModelInfo(self, request, context):
         """Describes the model being served. Errors: FAILED_PRECONDITION when no
         model is configured.
@@ -157,6 +176,11 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.UpdateWeights,
                     request_deserializer=openforge_dot_inference_dot_v1_dot_inference__pb2.UpdateWeightsRequest.FromString,
                     response_serializer=openforge_dot_inference_dot_v1_dot_inference__pb2.UpdateWeightsResponse.SerializeToString,
+            ),
+            'PushWeights': grpc.stream_unary_rpc_method_handler(
+                    servicer.PushWeights,
+                    request_deserializer=openforge_dot_inference_dot_v1_dot_inference__pb2.PushWeightsRequest.FromString,
+                    response_serializer=openforge_dot_inference_dot_v1_dot_inference__pb2.PushWeightsResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
@@ -301,6 +325,33 @@ class InferenceService:
             '/openforge.inference.v1.InferenceService/UpdateWeights',
             openforge_dot_inference_dot_v1_dot_inference__pb2.UpdateWeightsRequest.SerializeToString,
             openforge_dot_inference_dot_v1_dot_inference__pb2.UpdateWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushWeights(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/openforge.inference.v1.InferenceService/PushWeights',
+            openforge_dot_inference_dot_v1_dot_inference__pb2.PushWeightsRequest.SerializeToString,
+            openforge_dot_inference_dot_v1_dot_inference__pb2.PushWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -66,6 +66,16 @@ class InferenceServiceStub:
     greater than the current one); DATA_LOSS (checksum mismatch). On error
     the previous weights keep serving.
     """
+    PushWeights: _grpc.StreamUnaryMultiCallable[_inference_pb2.PushWeightsRequest, _inference_pb2.PushWeightsResponse]
+    """Loads new weights streamed in the call: a header, then the checkpoint's
+    safetensors files' bytes in chunks, for an inference machine that shares
+    no filesystem with the trainer. The files are staged in memory (a tmpfs)
+    on the inference side and loaded as UpdateWeights loads a checkpoint,
+    with its guarantees. Idempotent per request_id and per (version,
+    checksum). Errors: as UpdateWeights, and INVALID_ARGUMENT for a stream
+    that does not match its header (a missing header, a file name that is
+    not a plain *.safetensors name, fewer or more bytes than declared).
+    """
     GetModelInfo: _grpc.UnaryUnaryMultiCallable[_inference_pb2.GetModelInfoRequest, _inference_pb2.GetModelInfoResponse]
     """Describes the model being served. Errors: FAILED_PRECONDITION when no
     model is configured.
@@ -105,6 +115,16 @@ class InferenceServiceAsyncStub(InferenceServiceStub):
     Errors: INVALID_ARGUMENT (missing files, wrong shapes, version not
     greater than the current one); DATA_LOSS (checksum mismatch). On error
     the previous weights keep serving.
+    """
+    PushWeights: _aio.StreamUnaryMultiCallable[_inference_pb2.PushWeightsRequest, _inference_pb2.PushWeightsResponse]  # type: ignore[assignment]
+    """Loads new weights streamed in the call: a header, then the checkpoint's
+    safetensors files' bytes in chunks, for an inference machine that shares
+    no filesystem with the trainer. The files are staged in memory (a tmpfs)
+    on the inference side and loaded as UpdateWeights loads a checkpoint,
+    with its guarantees. Idempotent per request_id and per (version,
+    checksum). Errors: as UpdateWeights, and INVALID_ARGUMENT for a stream
+    that does not match its header (a missing header, a file name that is
+    not a plain *.safetensors name, fewer or more bytes than declared).
     """
     GetModelInfo: _aio.UnaryUnaryMultiCallable[_inference_pb2.GetModelInfoRequest, _inference_pb2.GetModelInfoResponse]  # type: ignore[assignment]
     """Describes the model being served. Errors: FAILED_PRECONDITION when no
@@ -172,6 +192,22 @@ class InferenceServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: INVALID_ARGUMENT (missing files, wrong shapes, version not
         greater than the current one); DATA_LOSS (checksum mismatch). On error
         the previous weights keep serving.
+        """
+
+    @_abc_1.abstractmethod
+    def PushWeights(
+        self,
+        request_iterator: _MaybeAsyncIterator[_inference_pb2.PushWeightsRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_inference_pb2.PushWeightsResponse, _abc.Awaitable[_inference_pb2.PushWeightsResponse]]:
+        """Loads new weights streamed in the call: a header, then the checkpoint's
+        safetensors files' bytes in chunks, for an inference machine that shares
+        no filesystem with the trainer. The files are staged in memory (a tmpfs)
+        on the inference side and loaded as UpdateWeights loads a checkpoint,
+        with its guarantees. Idempotent per request_id and per (version,
+        checksum). Errors: as UpdateWeights, and INVALID_ARGUMENT for a stream
+        that does not match its header (a missing header, a file name that is
+        not a plain *.safetensors name, fewer or more bytes than declared).
         """
 
     @_abc_1.abstractmethod
