@@ -11,6 +11,8 @@ import click
 #: The families ``openforge_inference.tiny_model`` builds (a library cannot import a service, so
 #: they are named here; a test checks the two lists agree).
 TINY_FAMILIES = ("qwen", "llama3", "glm45")
+#: The tiny model sizes (the inference service's ``tiny_model.SIZES``).
+TINY_SIZES = ("1m", "10m", "50m", "300m")
 
 
 @click.group()
@@ -21,7 +23,7 @@ def model() -> None:
 @model.command("init-tiny")
 @click.option(
     "--size",
-    type=click.Choice(["1m", "10m", "50m"]),
+    type=click.Choice(TINY_SIZES),
     default="10m",
     show_default=True,
     help="Approximate parameter count.",

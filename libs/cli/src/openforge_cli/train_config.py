@@ -33,7 +33,7 @@ class ModelSpec(SettingsSection):
     """
 
     path: Path
-    init_tiny: Literal["1m", "10m", "50m"] | None = None
+    init_tiny: Literal["1m", "10m", "50m", "300m"] | None = None
     seed: int = 0
 
 

@@ -67,7 +67,7 @@ _log = structlog.get_logger()
 
 _EVENT_BUILT: Final = "tiny_model.built"
 
-TinySize = Literal["1m", "10m", "50m"]
+TinySize = Literal["1m", "10m", "50m", "300m"]
 
 #: Special tokens, in id order (ids 0..8 of the vocabulary).
 SPECIAL_TOKENS: Final[tuple[str, ...]] = (
@@ -115,6 +115,8 @@ SIZES: Final[dict[str, TinyModelSpec]] = {
     "10m": TinyModelSpec(4096, 384, 1024, 5, 6, 2),
     # ~48M parameters: 8192*640 embedding + 10 layers of ~4.3M.
     "50m": TinyModelSpec(8192, 640, 1728, 10, 10, 2),
+    # ~290M parameters: 16384*1024 embedding + 24 layers of ~11.3M (the GPU check's size).
+    "300m": TinyModelSpec(16384, 1024, 2816, 24, 16, 4),
 }
 
 # Qwen2 pre-tokenization regex (digits split one by one, contractions, words, punctuation runs,
@@ -533,7 +535,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, famil
 
     Args:
         out_dir: Directory to write (created if missing; existing files are overwritten).
-        size: One of ``SIZES`` ("1m", "10m", "50m"): approximate parameter count.
+        size: One of ``SIZES`` ("1m", "10m", "50m", "300m"): approximate parameter count.
         seed: Seed for the weights (``torch.manual_seed``) and the tokenizer corpus.
         family: One of ``FAMILIES``: ``qwen`` (Qwen2, Hermes/Qwen template), ``llama3``
             (Llama, Llama 3.1-style template and special tokens) or ``glm45`` (Glm4Moe,

@@ -119,3 +119,23 @@ def test_cli_build_is_deterministic(tiny_model_dir: Path, tmp_path: Path) -> Non
     assert main(["--size", "1m", "--out", str(tmp_path), "--seed", "0"]) == 0
     for name in ("model.safetensors", "tokenizer.json", "chat_template.jinja", "config.json"):
         assert (tmp_path / name).read_bytes() == (tiny_model_dir / name).read_bytes(), name
+
+
+def test_the_cli_and_the_train_config_name_the_builders_sizes() -> None:
+    from typing import get_args
+
+    from openforge_cli.model import TINY_SIZES
+    from openforge_cli.train_config import ModelSpec
+
+    assert list(TINY_SIZES) == list(SIZES)
+    literal, none = get_args(ModelSpec.model_fields["init_tiny"].annotation)
+    assert (get_args(literal), none) == (TINY_SIZES, type(None))
+
+
+@pytest.mark.parametrize(("size", "low", "high"), [("1m", 0.9e6, 1.1e6), ("300m", 250e6, 330e6)])
+def test_a_size_is_named_for_its_parameter_count(size: str, low: float, high: float) -> None:
+    s = SIZES[size]
+    head_dim = s.hidden_size // s.num_attention_heads
+    attention = 2 * s.hidden_size * s.hidden_size + 2 * s.hidden_size * s.num_key_value_heads * head_dim
+    layer = attention + 3 * s.hidden_size * s.intermediate_size
+    assert low < s.vocab_size * s.hidden_size + s.num_hidden_layers * layer < high
