@@ -12,7 +12,11 @@ verifier (``tests/check.py``) then reads the final page state the harness wrote.
   button clicked earns 0 (the page keeps the first click);
 * the proxy recorded every call on NATS (``CallRecorded``), each with the token ids the engine saw
   and sampled, and every call after the first extends the one before it (the harness's history
-  only grows, so the episode is one sample).
+  only grows, so the episode is one sample);
+* the same episode (same scripted completions) with ``--api chat``, ``messages`` and
+  ``responses`` earns the same reward and gives the same trainer rows: the same recorded token
+  ids per call and, assembled as the trajectory store assembles them, one sample with the same
+  prompt, response and loss mask.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from openforge_core.rpc.client import open_channel
 from openforge_testing.fakes import ScriptedInferenceServer, build_fake_model_dir, final_text, tool_call_text
 from openforge_testing.plugin import ServiceFactory
 from openforge_testing.servers import NatsServer, free_port
+from openforge_trajectory_store.domain.assembly import assemble_records
 
 MODEL = "policy-model"
 #: (task id, whether the oracle picks a wrong button instead) → the reward the verifier gives.
@@ -82,7 +87,7 @@ class Oracle:
         else:
             (word,) = words
             plan = [
-                tool_call_text("type_text", {"ref": refs["Answer"], "text": word}),
+                tool_call_text("type_text", {"ref": refs["Answer"], "text": word}, text=f"I type {word}."),
                 tool_call_text("press_key", {"key": "Tab"}),
                 tool_call_text("scroll", {"direction": "down"}),
                 tool_call_text("click", {"ref": refs["Submit"]}),
@@ -208,10 +213,104 @@ async def _session(grpc_address: str, rollout_id: str) -> str:
     return key
 
 
-async def _recorded(nats_url: str, count: int) -> list[Any]:
+def _run_harness(
+    task: Path, workdir: Path, http_port: int, key: str, api: str, chromium: str, home: Path
+) -> dict[str, Any]:
+    """One ``openforge-browser`` episode over ``api`` (its endpoint in that API's SDK variables),
+    then the task's verifier; returns the episode record with the verifier's ``reward``."""
+    base = f"http://127.0.0.1:{http_port}"
+    endpoint = (
+        {"ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": key}
+        if api == "messages"
+        else {"OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_KEY": key}
+    )
+    shutil.copytree(task / "environment" / "files", workdir)
+    state = workdir / "page_state.json"
+    argv = ["--url", (workdir / "index.html").as_uri(), "--instruction-file", str(task / "instruction.md")]
+    run = subprocess.run(
+        [sys.executable, "-m", "openforge_browser", *argv, "--api", api, "--model", MODEL, "--out", str(state)],
+        env={"PATH": str(Path(chromium).parent), "HOME": str(home)} | endpoint,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    check = [sys.executable, str(task / "tests" / "check.py"), str(state), str(workdir / "r")]
+    verdict = subprocess.run(check, capture_output=True, text=True, timeout=30)
+    assert verdict.returncode == 0, verdict.stderr
+    episode: dict[str, Any] = json.loads(state.read_text())
+    episode["reward"] = json.loads((workdir / "r").read_text())["reward"]
+    return episode
+
+
+def test_the_same_episode_over_each_api_gives_the_same_trainer_rows(
+    tmp_path: Path, chromium: str, nats_server_fn: NatsServer, service_process: ServiceFactory
+) -> None:
+    apis = ("chat", "messages", "responses")
+    generated = CliRunner().invoke(cli, ["tasks", "miniwob", "--out", str(tmp_path / "tasks")])
+    assert generated.exit_code == 0, generated.output
+    task = tmp_path / "tasks" / "train" / "enter-text-2"
+    model = build_fake_model_dir(tmp_path / "model", template="qwen3")
+    fake = ScriptedInferenceServer(model, default=Oracle(model))
+    fake.start_in_thread()
+    http_port = free_port()
+    try:
+        proxy = service_process(
+            "openforge_proxy",
+            {
+                "OPENFORGE_NATS__URL": nats_server_fn.url,
+                "OPENFORGE_SERVICES__INFERENCE": fake.address,
+                "OPENFORGE_HTTP__PORT": str(http_port),
+            },
+        )
+        episodes = {}
+        for api in apis:
+            key = asyncio.run(_session(proxy.address, api))
+            episodes[api] = _run_harness(task, tmp_path / api, http_port, key, api, chromium, tmp_path)
+        records = asyncio.run(_recorded(nats_url=nats_server_fn.url, count=3 * 5, durable="browser-apis"))
+    finally:
+        fake.stop_thread()
+    assert proxy.stop() == 0
+    for api, episode in episodes.items():
+        assert episode["reward"] == 1.0 and episode["finished"] and episode["calls"] == 5, (api, episode)
+        assert all(not a["result"].startswith("error") for a in episode["actions"]), (api, episode)
+        assert episode["actions"] == episodes["chat"]["actions"], api
+    by_api = {api: [r for r in records if r.rollout_id == api] for api in apis}
+    wires = {api: {(r.wire_api, r.http_status) for r in rows} for api, rows in by_api.items()}
+    assert wires == {
+        "chat": {(common_pb2.WIRE_API_OPENAI_CHAT_COMPLETIONS, 200)},
+        "messages": {(common_pb2.WIRE_API_ANTHROPIC_MESSAGES, 200)},
+        "responses": {(common_pb2.WIRE_API_OPENAI_RESPONSES, 200)},
+    }
+    # the wire bodies differ (tool_result blocks, function_call_output items) ...
+    second = {api: json.loads(rows[1].request_json) for api, rows in by_api.items()}
+    assert second["messages"]["tools"][0]["input_schema"]["required"] == ["ref"]
+    assert second["messages"]["system"] and second["responses"]["instructions"]
+    assert [b["type"] for b in second["messages"]["messages"][-1]["content"]] == ["tool_result"]
+    assert [i["type"] for i in second["responses"]["input"][-3:]] == [
+        "message",
+        "function_call",
+        "function_call_output",
+    ]
+    # ... the tokens the engine saw and sampled do not
+    tokens = {
+        api: [(list(r.prompt_token_ids), list(r.completion_token_ids)) for r in rows] for api, rows in by_api.items()
+    }
+    assert len(tokens["chat"]) == 5 and tokens["messages"] == tokens["chat"] and tokens["responses"] == tokens["chat"]
+    rows = {}
+    for api in apis:
+        rollout = common_pb2.Rollout(rollout_id=api, status=common_pb2.ROLLOUT_STATUS_SUCCEEDED, reward=1.0)
+        (sample,) = assemble_records(rollout, by_api[api])  # one sample: every call extends the last
+        assert sample.break_cause == common_pb2.BREAK_CAUSE_NONE and len(sample.call_ids) == 5
+        rows[api] = (list(sample.prompt_token_ids), list(sample.response_token_ids), list(sample.loss_mask))
+        assert sum(sample.loss_mask) == sum(len(c) for _, c in tokens[api])
+    assert rows["messages"] == rows["chat"] and rows["responses"] == rows["chat"]
+
+
+async def _recorded(nats_url: str, count: int, durable: str = "browser-harness") -> list[Any]:
     nc = await nats.connect(nats_url)
     try:
-        sub = await nc.jetstream().pull_subscribe("openforge.proxy.v1.call_recorded", durable="browser-harness")
+        sub = await nc.jetstream().pull_subscribe("openforge.proxy.v1.call_recorded", durable=durable)
         out: list[Any] = []
         while len(out) < count:
             for m in await sub.fetch(count - len(out), timeout=10):

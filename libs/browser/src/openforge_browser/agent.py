@@ -1,4 +1,4 @@
-"""The agent loop: page → accessibility tree → one Chat Completions call → actions in the browser.
+"""The agent loop: page → accessibility tree → one model call → actions in the browser.
 
 One episode: open the start URL, send the system prompt and ``Task: ...`` with the page's tree,
 then for at most ``max_steps`` model calls execute each returned tool call and answer it with a
@@ -8,8 +8,10 @@ sample). The episode ends at ``done(answer)``, at an answer without a tool call,
 limit. Tools (OpenAI function tools): ``click(ref)``, ``type_text(ref, text)``,
 ``press_key(key)``, ``scroll(direction)``, ``done(answer)``.
 
-The model is reached only through an OpenAI-compatible endpoint (``<base>/chat/completions`` with
-a bearer key): in a rollout, the proxy.
+The model is reached only through an endpoint (in a rollout, the proxy) in one of three APIs, the
+same loop in each: OpenAI Chat Completions (``<base>/chat/completions``), Anthropic Messages
+(``<base>/messages``, ``tool_use`` / ``tool_result`` blocks) or OpenAI Responses
+(``<base>/responses``, ``function_call`` / ``function_call_output`` items).
 """
 
 from __future__ import annotations
@@ -88,8 +90,17 @@ TOOLS: Final[list[dict[str, Any]]] = [
 #: Milliseconds an action waits for its element.
 ACTION_TIMEOUT_MS: Final = 3000
 
-#: One model call: (messages, tools) → the assistant message (OpenAI shape).
+#: One model call: (messages, tools) → the assistant message (Chat Completions shape), whatever the
+#: API on the wire.
 ChatFn = Callable[[list[dict[str, Any]], list[dict[str, Any]]], Awaitable[dict[str, Any]]]
+
+#: The wire APIs the harness speaks (``--api``).
+APIS: Final = ("chat", "messages", "responses")
+#: Output-token cap sent where the API requires one (Anthropic Messages).
+MAX_TOKENS: Final = 4096
+#: Key of an assistant message holding the turn exactly as the API returned it (Messages content
+#: blocks, Responses output items), resent verbatim on the next call; never sent over chat.
+RAW: Final = "_raw"
 
 
 class ChatError(RuntimeError):
@@ -98,19 +109,21 @@ class ChatError(RuntimeError):
 
 @dataclass(frozen=True)
 class ChatEndpoint:
-    """An OpenAI-compatible Chat Completions endpoint.
+    """A model endpoint (in a rollout: the proxy).
 
     Attributes:
         base_url: The base URL with ``/v1`` (``OPENAI_BASE_URL``'s convention).
-        api_key: Bearer key.
+        api_key: The key (``Authorization: Bearer`` for OpenAI's APIs, ``x-api-key`` for Anthropic's).
         model: Model name sent with each call.
         timeout_s: Per-call limit, seconds.
+        api: The wire API, one of :data:`APIS`.
     """
 
     base_url: str
     api_key: str
     model: str
     timeout_s: float = 300.0
+    api: str = "chat"
 
 
 @dataclass
@@ -142,27 +155,152 @@ class Episode:
         }
 
 
-def chat_completions(session: aiohttp.ClientSession, endpoint: ChatEndpoint) -> ChatFn:
-    """A :data:`ChatFn` posting to ``<base_url>/chat/completions`` (non-streaming).
+def _chat_request(model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    history = [{k: v for k, v in m.items() if k != RAW} for m in messages]
+    return {"model": model, "messages": history, "tools": tools, "stream": False}
 
-    Raises (from the returned function):
-        ChatError: Non-200 status or no ``choices[0].message``.
+
+def _chat_reply(doc: Any) -> dict[str, Any]:
+    message: dict[str, Any] = doc["choices"][0]["message"]
+    if not isinstance(message, dict):
+        raise TypeError("choices[0].message is not an object")
+    return message
+
+
+def _messages_request(model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    system = "\n\n".join(str(m["content"]) for m in messages if m["role"] == "system")
+    turns: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] == "assistant":
+            turns.append({"role": "assistant", "content": m[RAW]})
+        elif m["role"] == "tool":
+            block = {"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]}
+            if turns and turns[-1]["role"] == "user" and isinstance(turns[-1]["content"], list):
+                turns[-1]["content"].append(block)  # one user turn answers all calls of a turn
+            else:
+                turns.append({"role": "user", "content": [block]})
+        elif m["role"] == "user":
+            turns.append({"role": "user", "content": m["content"]})
+    specs = [
+        {
+            "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "input_schema": t["function"]["parameters"],
+        }
+        for t in tools
+    ]
+    return {"model": model, "system": system, "messages": turns, "tools": specs, "max_tokens": MAX_TOKENS}
+
+
+def _messages_reply(doc: Any) -> dict[str, Any]:
+    blocks = doc["content"]
+    if not isinstance(blocks, list):
+        raise TypeError("content is not a list")
+    text = "".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+    calls = [
+        {
+            "id": b["id"],
+            "type": "function",
+            "function": {"name": b["name"], "arguments": json.dumps(b.get("input") or {})},
+        }
+        for b in blocks
+        if b.get("type") == "tool_use"
+    ]
+    return {"role": "assistant", "content": text or None, "tool_calls": calls or None, RAW: blocks}
+
+
+def _responses_request(model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    items: list[dict[str, Any]] = []
+    instructions = "\n\n".join(str(m["content"]) for m in messages if m["role"] == "system")
+    for m in messages:
+        if m["role"] == "assistant":
+            items.extend(m[RAW])
+        elif m["role"] == "tool":
+            items.append({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]})
+        elif m["role"] == "user":
+            items.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": m["content"]}]})
+    specs = [{"type": "function", **t["function"]} for t in tools]
+    return {
+        "model": model,
+        "instructions": instructions,
+        "input": items,
+        "tools": specs,
+        "stream": False,
+        "store": False,
+    }
+
+
+def _responses_reply(doc: Any) -> dict[str, Any]:
+    output = doc["output"]
+    if not isinstance(output, list):
+        raise TypeError("output is not a list")
+    text = "".join(
+        str(part.get("text", ""))
+        for item in output
+        if item.get("type") == "message"
+        for part in item.get("content") or []
+        if part.get("type") == "output_text"
+    )
+    calls = [
+        {"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i.get("arguments", "{}")}}
+        for i in output
+        if i.get("type") == "function_call"
+    ]
+    return {"role": "assistant", "content": text or None, "tool_calls": calls or None, RAW: output}
+
+
+@dataclass(frozen=True)
+class _Wire:
+    """One API's adapter: its path, its request body from the history, the reply as a message."""
+
+    path: str
+    request: Callable[[str, list[dict[str, Any]], list[dict[str, Any]]], dict[str, Any]]
+    reply: Callable[[Any], dict[str, Any]]
+
+
+_WIRES: Final = {
+    "chat": _Wire("/chat/completions", _chat_request, _chat_reply),
+    "messages": _Wire("/messages", _messages_request, _messages_reply),
+    "responses": _Wire("/responses", _responses_request, _responses_reply),
+}
+
+
+def _headers(endpoint: ChatEndpoint) -> dict[str, str]:
+    if endpoint.api == "messages":
+        return {"x-api-key": endpoint.api_key, "anthropic-version": "2023-06-01"}
+    return {"Authorization": f"Bearer {endpoint.api_key}"}
+
+
+def chat_completions(session: aiohttp.ClientSession, endpoint: ChatEndpoint) -> ChatFn:
+    """A :data:`ChatFn` posting to the endpoint in its API (non-streaming): ``<base_url>`` +
+    ``/chat/completions``, ``/messages`` or ``/responses``.
+
+    The loop keeps its history in Chat Completions' shape; an adapter per API builds the request
+    from it (system prompt as ``system`` / ``instructions``, tool results as ``tool_result``
+    blocks / ``function_call_output`` items, earlier turns resent as returned) and reads the reply
+    back into an assistant message.
+
+    Raises:
+        ValueError: ``endpoint.api`` is not one of :data:`APIS`.
+        ChatError: (from the returned function) Non-200 status or a reply without a message.
     """
-    url = endpoint.base_url.rstrip("/") + "/chat/completions"
-    headers = {"Authorization": f"Bearer {endpoint.api_key}"}
+    if endpoint.api not in _WIRES:
+        raise ValueError(f"unknown api {endpoint.api!r} (one of {', '.join(APIS)})")
+    wire = _WIRES[endpoint.api]
+    url = endpoint.base_url.rstrip("/") + wire.path
+    headers = _headers(endpoint)
     limit = aiohttp.ClientTimeout(total=endpoint.timeout_s)
 
     async def call(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
-        body = {"model": endpoint.model, "messages": messages, "tools": tools, "stream": False}
+        body = wire.request(endpoint.model, messages, tools)
         async with session.post(url, json=body, headers=headers, timeout=limit) as resp:
             text = await resp.text()
             if resp.status != 200:
                 raise ChatError(f"HTTP {resp.status} from {url}: {text[:500]}")
         try:
-            message: dict[str, Any] = json.loads(text)["choices"][0]["message"]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise ChatError(f"no choices[0].message in the answer: {text[:500]}") from exc
-        return message
+            return wire.reply(json.loads(text))
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ChatError(f"no assistant message in the answer: {text[:500]}") from exc
 
     return call
 
@@ -215,7 +353,7 @@ async def run_episode(page: Page, instruction: str, chat: ChatFn, max_steps: int
         episode.calls += 1
         calls = message.get("tool_calls") or []
         messages.append(
-            {k: v for k, v in message.items() if k in ("role", "content", "tool_calls") and v is not None}
+            {k: v for k, v in message.items() if k in ("role", "content", "tool_calls", RAW) and v is not None}
             | {"role": "assistant"}
         )
         if not calls:
