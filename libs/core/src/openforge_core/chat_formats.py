@@ -24,6 +24,12 @@ __all__ = [
     "LLAMA3_PAD_TOKEN",
     "LLAMA3_SPECIAL_TOKENS",
     "LLAMA3_TEMPLATE",
+    "MISTRAL_BOS_TOKEN",
+    "MISTRAL_END_TOKENS",
+    "MISTRAL_EOS_TOKEN",
+    "MISTRAL_PAD_TOKEN",
+    "MISTRAL_SPECIAL_TOKENS",
+    "MISTRAL_TEMPLATE",
     "QWEN3_TEMPLATE",
 ]
 
@@ -346,3 +352,77 @@ GLM45_PAD_TOKEN: Final = "<|endoftext|>"
 #: Every token that ends an assistant turn: ``<|user|>`` (an answer: the user speaks next),
 #: ``<|observation|>`` (calls: their results come next) and ``<|endoftext|>``.
 GLM45_END_TOKENS: Final[tuple[str, ...]] = ("<|user|>", "<|observation|>", "<|endoftext|>")
+
+#: Mistral's control tokens (v7/v11 tokenizers: Mistral Small 3.x, Devstral) as the tokenizers
+#: built here carry them, ids 0.. in this order (a real Tekken tokenizer holds them among its
+#: first 1000 ids, ``[ARGS]`` at 32 and ``[CALL_ID]`` at 33).
+MISTRAL_SPECIAL_TOKENS: Final[tuple[str, ...]] = (
+    "<unk>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[TOOL_CALLS]",
+    "<pad>",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "[ARGS]",
+    "[CALL_ID]",
+)
+
+#: Mistral v11-style template (Mistral Small 3.2, Devstral), written from the format as
+#: ``mistral-common``'s v11 encoder writes it (not a copy of Mistral's template): ``<s>`` (the
+#: tokenizer's ``bos_token``), a system message as ``[SYSTEM_PROMPT]...[/SYSTEM_PROMPT]``, the
+#: tool definitions once as ``[AVAILABLE_TOOLS][...][/AVAILABLE_TOOLS]`` after the first system
+#: prompt (at the start, as the v13 encoder places them, so a growing conversation renders as a
+#: prefix of its next render; the v7/v11 encoders place them before the last user message), a
+#: user message ``[INST]...[/INST]``, an assistant turn its text then each call
+#: ``[TOOL_CALLS]NAME[ARGS]{json}``, ended with ``</s>``, a tool result
+#: ``[TOOL_RESULTS]...[/TOOL_RESULTS]``. No generation prompt: the model writes right after
+#: ``[/INST]`` or ``[/TOOL_RESULTS]``.
+MISTRAL_TEMPLATE: Final = (
+    CONTENT_MACRO
+    + """\
+{{- bos_token }}
+{%- set ns = namespace(first=0) %}
+{%- if messages and messages[0].role == 'system' %}
+{{- '[SYSTEM_PROMPT]' + render_content(messages[0].content) + '[/SYSTEM_PROMPT]' }}
+{%- set ns.first = 1 %}
+{%- endif %}
+{%- if tools %}
+{{- '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}
+{%- endif %}
+{%- for message in messages[ns.first:] %}
+{%- if message.role == 'system' %}
+{{- '[SYSTEM_PROMPT]' + render_content(message.content) + '[/SYSTEM_PROMPT]' }}
+{%- elif message.role == 'user' %}
+{{- '[INST]' + render_content(message.content) + '[/INST]' }}
+{%- elif message.role == 'assistant' %}
+{{- render_content(message.content) }}
+{%- if message.tool_calls is defined and message.tool_calls %}
+{%- for tool_call in message.tool_calls %}
+{%- set call = tool_call.function if tool_call.function is defined else tool_call %}
+{{- '[TOOL_CALLS]' + call.name + '[ARGS]' }}
+{%- if call.arguments is string %}{{- call.arguments }}{%- else %}{{- call.arguments | tojson }}{%- endif %}
+{%- endfor %}
+{%- endif %}
+{{- eos_token }}
+{%- elif message.role == 'tool' %}
+{{- '[TOOL_RESULTS]' + render_content(message.content) + '[/TOOL_RESULTS]' }}
+{%- endif %}
+{%- endfor %}
+"""
+)
+
+#: The tokenizer's ``bos_token``; the template writes it first.
+MISTRAL_BOS_TOKEN: Final = "<s>"
+#: The tokenizer's ``eos_token``: the end of an assistant turn.
+MISTRAL_EOS_TOKEN: Final = "</s>"
+#: The tokenizer's ``pad_token``.
+MISTRAL_PAD_TOKEN: Final = "<pad>"
+#: Every token that ends an assistant turn: ``</s>``.
+MISTRAL_END_TOKENS: Final[tuple[str, ...]] = ("</s>",)

@@ -16,7 +16,9 @@
   results as ``ipython``) over a tokenizer carrying Llama 3's special tokens; a fourth,
   ``glm45``, a GLM-4.5-style one (``<|user|>``/``<|assistant|>``/``<|observation|>``
   framing, ``<tool_call>NAME<arg_key>..</arg_key><arg_value>..</arg_value></tool_call>``)
-  over a tokenizer carrying GLM-4.5's special tokens.
+  over a tokenizer carrying GLM-4.5's special tokens; a fifth, ``mistral``, a Mistral
+  v11-style one (``[INST]...[/INST]``, ``</s>``, ``[TOOL_CALLS]NAME[ARGS]{...}``,
+  ``[TOOL_RESULTS]...[/TOOL_RESULTS]``) over a tokenizer carrying Mistral's control tokens.
   There are no weights: nothing can load it as a model.
 * :class:`ScriptedInferenceServer` is a fake ``openforge.inference.v1.InferenceService``
   on a real ``grpc.aio`` server: ``Generate`` tokenizes the next scripted
@@ -82,7 +84,17 @@ LLAMA3_TEMPLATE = chat_formats.LLAMA3_TEMPLATE
 GLM45_SPECIAL_TOKENS = chat_formats.GLM45_SPECIAL_TOKENS
 GLM45_TEMPLATE = chat_formats.GLM45_TEMPLATE
 
-TEMPLATES = {"hermes": HERMES_TEMPLATE, "qwen3": QWEN3_TEMPLATE, "llama3": LLAMA3_TEMPLATE, "glm45": GLM45_TEMPLATE}
+#: Mistral's control tokens and the Mistral v11-style template, from :mod:`openforge_core.chat_formats`.
+MISTRAL_SPECIAL_TOKENS = chat_formats.MISTRAL_SPECIAL_TOKENS
+MISTRAL_TEMPLATE = chat_formats.MISTRAL_TEMPLATE
+
+TEMPLATES = {
+    "hermes": HERMES_TEMPLATE,
+    "qwen3": QWEN3_TEMPLATE,
+    "llama3": LLAMA3_TEMPLATE,
+    "glm45": GLM45_TEMPLATE,
+    "mistral": MISTRAL_TEMPLATE,
+}
 
 
 @dataclass(frozen=True)
@@ -122,6 +134,12 @@ _GLM45_CORPUS = (
     "For each function call, output the function name and arguments within the following XML format:",
 ) * 30
 
+_MISTRAL_CORPUS = (
+    '[TOOL_CALLS]exec[ARGS]{"command": "echo hello-from-harness > hello.txt && cat hello.txt"}',
+    '[TOOL_CALLS]read_file[ARGS]{"path": "hello.txt"}[TOOL_CALLS]exec[ARGS]{"command": "ls"}',
+    "[TOOL_RESULTS]hello-from-harness[/TOOL_RESULTS]",
+) * 30
+
 #: Template name → what its fake tokenizer carries.
 TOKENIZER_SPECS: dict[str, FakeTokenizerSpec] = {
     "hermes": _HERMES_SPEC,
@@ -141,6 +159,14 @@ TOKENIZER_SPECS: dict[str, FakeTokenizerSpec] = {
         chat_formats.GLM45_PAD_TOKEN,
         "glm4_moe",
         _GLM45_CORPUS,
+    ),
+    "mistral": FakeTokenizerSpec(
+        MISTRAL_SPECIAL_TOKENS,
+        chat_formats.MISTRAL_BOS_TOKEN,
+        chat_formats.MISTRAL_EOS_TOKEN,
+        chat_formats.MISTRAL_PAD_TOKEN,
+        "mistral",
+        _MISTRAL_CORPUS,
     ),
 }
 
@@ -222,7 +248,7 @@ def build_fake_model_dir(
 
     Args:
         out_dir: Directory to write (created).
-        template: ``hermes``, ``qwen3``, ``llama3`` or ``glm45`` (see the module docstring); the
+        template: ``hermes``, ``qwen3``, ``llama3``, ``glm45`` or ``mistral`` (see the module docstring); the
             tokenizer carries that family's special tokens (:data:`TOKENIZER_SPECS`).
         context_length: ``max_position_embeddings`` written to ``config.json``.
         vocab_size: Target vocabulary size of the fake tokenizer.

@@ -1,6 +1,6 @@
-"""Model families: detection from the chat template, the served model of a Llama 3 and of a
-GLM-4.5 template (stop ids, manifest parsers), and the Llama 3 and GLM-4.5 parsers' rules on
-readable examples (the differential tests against vLLM cover them at scale)."""
+"""Model families: detection from the chat template, the served model of a Llama 3, a
+GLM-4.5 and a Mistral template (stop ids, manifest parsers), and the Llama 3, GLM-4.5 and
+Mistral parsers' rules on readable examples (the differential tests against vLLM cover them at scale)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,17 @@ from typing import Any
 
 import pytest
 
-from openforge_core.chat_formats import GLM45_SPECIAL_TOKENS, LLAMA3_SPECIAL_TOKENS
+from openforge_core.chat_formats import GLM45_SPECIAL_TOKENS, LLAMA3_SPECIAL_TOKENS, MISTRAL_SPECIAL_TOKENS
 from openforge_proxy.domain.engine import ModelInfo
-from openforge_proxy.domain.families import Event, Family, Glm45Family, HermesFamily, Llama3Family, family_for
+from openforge_proxy.domain.families import (
+    Event,
+    Family,
+    Glm45Family,
+    HermesFamily,
+    Llama3Family,
+    MistralFamily,
+    family_for,
+)
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_testing.fakes import HERMES_TEMPLATE, TEMPLATES, build_fake_model_dir, build_fake_tokenizer
 
@@ -51,6 +59,7 @@ def test_the_family_is_detected_from_the_template() -> None:
         "qwen3": "hermes",
         "llama3": "llama3",
         "glm45": "glm45",
+        "mistral": "mistral",
     }
 
 
@@ -208,3 +217,58 @@ def test_glm45_values_are_strings_for_string_parameters_else_json_when_they_pars
 )
 def test_glm45_a_call_with_no_name_or_no_end_is_text(text: str) -> None:
     assert _summary(_parse(Glm45Family(), text)) == (text, [])
+
+
+def test_the_fake_mistral_model_dir_serves_as_a_mistral_model(tmp_path: Path) -> None:
+    model = build_fake_model_dir(tmp_path / "mistral", template="mistral")
+    source = (model / "chat_template.jinja").read_text()
+    info = ModelInfo(
+        model_path=str(model),
+        model_name="m",
+        chat_template=source,
+        chat_template_hash="sha256:" + hashlib.sha256(source.encode()).hexdigest(),
+        tokenizer_hash="sha256:" + hashlib.sha256((model / "tokenizer.json").read_bytes()).hexdigest(),
+        eos_token_ids=(json.loads((model / "config.json").read_text())["eos_token_id"],),
+        context_length=8192,
+    )
+    rt = ModelRuntime.load(info)
+    assert isinstance(rt.family, MistralFamily)
+    assert {rt.codec.decode([i]) for i in rt.eos_ids} == {"</s>"}
+    assert rt.generation_prompt == ""
+    assert rt.served.parsers == ("family:mistral", "tool_call:mistral")
+    call = {"type": "function", "function": {"name": "exec", "arguments": {"command": "ls", "n": 2}}}
+    tool = {"type": "function", "function": {"name": "exec", "parameters": {"type": "object"}}}
+    text = rt.template.render(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Sure.", "tool_calls": [call]},
+            {"role": "tool", "content": "ok"},
+            {"role": "assistant", "content": "Done."},
+        ],
+        [tool],
+    )
+    assert text.startswith("<s>[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][AVAILABLE_TOOLS][{")
+    assert text.endswith(
+        '[/AVAILABLE_TOOLS][INST]hi[/INST]Sure.[TOOL_CALLS]exec[ARGS]{"command": "ls", "n": 2}</s>'
+        "[TOOL_RESULTS]ok[/TOOL_RESULTS]Done.</s>"
+    )
+    assert None not in [rt.codec.token_id(m) for m in MISTRAL_SPECIAL_TOKENS]  # each marker is one special token
+
+
+def test_mistral_calls_follow_text_and_each_other() -> None:
+    text = 'Let me look.[TOOL_CALLS]a[ARGS]{"x": {"y": "}"}}[TOOL_CALLS]b[ARGS]{}'
+    assert _summary(_parse(MistralFamily(), text)) == ("Let me look.", [("a", '{"x": {"y": "}"}}'), ("b", "{}")])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[TOOL_CALLS][ARGS]{}",  # no name
+        '[TOOL_CALLS]a[ARGS]["x"]',  # arguments not an object
+        "[TOOL_CALLS]a{}",  # no [ARGS] (the pre-v11 form is not read either)
+        '[TOOL_CALLS]a[ARGS]{"x": 1',  # never closed
+    ],
+)
+def test_mistral_a_call_that_is_not_valid_is_text(text: str) -> None:
+    assert _summary(_parse(MistralFamily(), text)) == (text, [])

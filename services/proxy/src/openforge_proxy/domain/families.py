@@ -26,6 +26,10 @@ parser the :class:`StreamParser` protocol. Families live in a registry
   ``<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>...</tool_call>``;
   the calls as vLLM's ``glm45`` tool parser reads them, the reasoning as its ``glm45``
   reasoning parser does.
+* ``mistral``: Mistral v11 framing (Mistral Small 3.x, Devstral: ``[INST]...[/INST]``,
+  ``[SYSTEM_PROMPT]``, ``[AVAILABLE_TOOLS]``, ``[TOOL_RESULTS]...[/TOOL_RESULTS]``, an
+  assistant turn ended by ``</s>``) with calls written ``[TOOL_CALLS]NAME[ARGS]{...}``; the
+  calls as vLLM's ``mistral`` tool parser reads them with a v11 tokenizer; no reasoning.
 """
 
 from __future__ import annotations
@@ -780,8 +784,210 @@ def _json_or_string(raw: str) -> Any:
         return raw
 
 
+class MistralParser:
+    """Streaming parser of Mistral v11 tool calls ``[TOOL_CALLS]NAME[ARGS]{...}`` (a
+    :class:`StreamParser`; no reasoning).
+
+    Text leaves as it comes (less a held partial ``[TOOL_CALLS]``). After ``[TOOL_CALLS]``
+    the name runs to ``[ARGS]``; the arguments are the JSON object that follows, read to its
+    closing brace (strings and escapes honoured), as vLLM's ``mistral`` parser takes the first
+    JSON value after ``[ARGS]``. A call is emitted when its object closed and parsed, and its
+    name is not empty; what follows it is text again (vLLM drops it; the proxy keeps it so a
+    harness loses nothing the model said), and a further ``[TOOL_CALLS]`` opens the next call.
+    A call that is not valid (no ``[ARGS]``, arguments that are not a JSON object, an empty
+    name, generation cut before the object closed) is passed on as text.
+
+    The pre-v11 syntax ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]`` (Mistral 7B v0.3,
+    Mixtral, Nemo) is not read: v11 is what current models (Mistral Small 3.2, Devstral) write.
+
+    Args:
+        family: The markers.
+    """
+
+    def __init__(self, family: MistralFamily) -> None:
+        self._f = family
+        self._buf = ""
+        self._mode = "text"  # text -> name (after [TOOL_CALLS]) -> args (after [ARGS]) -> text
+        self._name = ""
+        self._scan = 0  # args: where scanning resumes
+        self._depth = 0
+        self._in_str = False
+        self._escape = False
+        self._text = _TextOut()
+
+    @property
+    def in_reasoning(self) -> bool:
+        """Always False: the family has no reasoning."""
+        return False
+
+    def feed(self, text: str) -> list[Event]:
+        """Parses a text delta."""
+        self._buf += text
+        return self._drain(final=False)
+
+    def finish(self) -> list[Event]:
+        """Flushes what is left at the end of generation (an unfinished call becomes text)."""
+        f = self._f
+        out = self._drain(final=True)
+        if self._mode == "name":
+            out.extend(self._text(f.tool_calls + self._buf))
+        elif self._mode == "args":
+            out.extend(self._text(f.tool_calls + self._name + f.args + self._buf))
+        self._buf = ""
+        self._mode = "text"
+        self._text.pending = ""
+        return out
+
+    def _drain(self, final: bool) -> list[Event]:
+        f = self._f
+        out: list[Event] = []
+        while True:
+            if self._mode == "text":
+                at = self._buf.find(f.tool_calls)
+                if at >= 0:
+                    out.extend(self._text(self._buf[:at]))
+                    self._text.pending = ""
+                    self._buf = self._buf[at + len(f.tool_calls) :]
+                    self._mode = "name"
+                    continue
+                keep = _partial_suffix(self._buf, (f.tool_calls,)) if not final else 0
+                out.extend(self._text(self._buf[: len(self._buf) - keep]))
+                self._buf = self._buf[len(self._buf) - keep :]
+                return out
+            if self._mode == "name":
+                at = self._buf.find(f.args)
+                if at < 0:
+                    return out
+                self._name = self._buf[:at]
+                self._buf = self._buf[at + len(f.args) :]
+                self._mode = "args"
+                self._scan, self._depth, self._in_str, self._escape = 0, 0, False, False
+                continue
+            # args
+            if self._depth == 0:
+                lead = self._buf.lstrip()
+                if not lead:
+                    return out
+                if lead[0] != "{":
+                    self._mode = "text"
+                    out.extend(self._text(f.tool_calls + self._name + f.args))
+                    continue
+                self._scan = len(self._buf) - len(lead)
+            end = self._close()
+            if end < 0:
+                return out
+            body = self._buf[:end]
+            self._buf = self._buf[end:]
+            self._mode = "text"
+            call = self._call(self._name.strip(), body.strip())
+            if call is None:
+                out.extend(self._text(f.tool_calls + self._name + f.args + body))
+            else:
+                out.append(Event("tool", call=call))
+
+    def _close(self) -> int:
+        """Scans the arguments' object; the index after its closing brace, or -1."""
+        buf = self._buf
+        depth, in_str, escape = self._depth, self._in_str, self._escape
+        i = self._scan
+        n = len(buf)
+        while i < n:
+            ch = buf[i]
+            i += 1
+            if in_str:
+                if escape:
+                    escape = False
+                elif ch == "\\":
+                    escape = True
+                elif ch == '"':
+                    in_str = False
+            elif ch == '"':
+                in_str = True
+            elif ch in "{[":
+                depth += 1
+            elif ch in "}]":
+                depth -= 1
+                if depth == 0:
+                    self._depth = 0
+                    return i
+        self._depth, self._in_str, self._escape, self._scan = depth, in_str, escape, i
+        return -1
+
+    @staticmethod
+    def _call(name: str, body: str) -> ParsedCall | None:
+        if not name:
+            return None
+        try:
+            args = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(args, dict):
+            return None
+        return ParsedCall(name, args, body)
+
+
+@dataclass(frozen=True)
+class MistralFamily:
+    """Mistral v11 framing with ``[TOOL_CALLS]NAME[ARGS]{...}`` calls and no reasoning (a
+    :class:`Family`).
+
+    The template writes no generation prompt: the model writes right after ``[/INST]`` or
+    ``[/TOOL_RESULTS]``, so the assistant header is empty (a spliced turn goes exactly where the
+    template writes the assistant's message) and ends with ``</s>``.
+
+    Attributes:
+        name: Registry name.
+        message_start: Token that starts the messages prompts are cut at (a user message).
+        assistant_header: Empty: nothing opens an assistant turn.
+        end_of_turn: Token that ends an assistant turn.
+        end_tokens: Tokens the model ends a turn with.
+        inst_end: Token that ends a user message.
+        tool_calls: Token that opens a tool call.
+        args: Token between a call's name and its arguments.
+        tool_results: Token that opens a tool result.
+        tool_call_parser: Name of the parser of its tool calls (:class:`MistralParser`; vLLM's
+            ``mistral`` rules with a v11 tokenizer).
+    """
+
+    name: str = "mistral"
+    message_start: str = "[INST]"
+    assistant_header: str = ""
+    end_of_turn: str = "</s>"
+    end_tokens: tuple[str, ...] = ("</s>",)
+    inst_end: str = "[/INST]"
+    tool_calls: str = "[TOOL_CALLS]"
+    args: str = "[ARGS]"
+    tool_results: str = "[TOOL_RESULTS]"
+    tool_call_parser: str = "mistral"
+
+    @property
+    def parsers(self) -> tuple[str, ...]:
+        """``family:mistral``, ``tool_call:mistral`` (no reasoning parser)."""
+        return (f"family:{self.name}", f"tool_call:{self.tool_call_parser}")
+
+    def missing(self, template: str) -> list[str]:
+        """The markers of this family that ``template`` lacks: its framing tokens and the
+        ``[TOOL_CALLS]``/``[ARGS]`` of its v11 calls."""
+        markers = (self.message_start, self.inst_end, self.tool_calls, self.args, self.tool_results)
+        return [m for m in markers if m not in template]
+
+    def matches(self, template: str) -> bool:
+        """Whether a chat template is of this family."""
+        return not self.missing(template)
+
+    def parser(self, generation_prompt: str, tools: Sequence[ToolSchema] = ()) -> MistralParser:
+        """A parser for one completion (the generation prompt opens nothing it parses; the
+        arguments are JSON: ``tools`` are not needed)."""
+        return MistralParser(self)
+
+
 #: Registry: family name → constructor (``auto`` tries them in this order).
-FAMILIES: dict[str, Callable[[], Family]] = {"hermes": HermesFamily, "llama3": Llama3Family, "glm45": Glm45Family}
+FAMILIES: dict[str, Callable[[], Family]] = {
+    "hermes": HermesFamily,
+    "llama3": Llama3Family,
+    "glm45": Glm45Family,
+    "mistral": MistralFamily,
+}
 
 
 def family_for(name: str, template: str) -> Family:
