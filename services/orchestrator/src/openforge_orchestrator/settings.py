@@ -168,8 +168,9 @@ class HarnessSettings(SettingsSection):
         command: Default argv template of the ``command`` harness (placeholders in
             :mod:`openforge_orchestrator.harnesses.command`).
         config_files: Harness name → a settings file layered over the harness's own defaults
-            (mini-swe-agent only: ``-c mini.yaml -c FILE``, the file's text written into each
-            sandbox), e.g. a shorter system prompt. Other harnesses are refused at start.
+            (mini-swe-agent: ``-c mini.yaml -c FILE``, the file's text written into each
+            sandbox, e.g. a shorter system prompt; browser: a JSON object with ``api``, one of
+            chat, messages, responses, and ``max_steps``). Other harnesses are refused at start.
     """
 
     install_dir: str = ".openforge/harnesses"

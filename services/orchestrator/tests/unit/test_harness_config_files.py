@@ -1,6 +1,8 @@
 """A harness settings file (``harness.config_files``): layered over mini-swe-agent's own
 ``mini.yaml`` with a second ``-c``, its text written into the sandbox (no host path exposed);
-refused for harnesses that take none and for a missing file."""
+refused for harnesses that take none and for a missing file. The browser's settings (JSON) pick its
+wire API (``--api`` and that API's endpoint variables) and step limit, and bad ones are refused at
+start."""
 
 from __future__ import annotations
 
@@ -61,3 +63,50 @@ def test_a_file_for_another_harness_or_a_missing_file_is_refused(tmp_path: Path)
         LaunchFactory(tmp_path, config_files={"codex": str(existing)})
     with pytest.raises(ValueError, match="not a file"):
         LaunchFactory(tmp_path, config_files={"mini-swe-agent": str(tmp_path / "missing.yaml")})
+
+
+def test_browser_settings_pick_the_wire_api_and_its_endpoint_variables(tmp_path: Path) -> None:
+    folder = tmp_path / "installs" / "browser"
+    folder.mkdir(parents=True)
+    manifest = {"name": "browser", "version": "0.1.0", "executable": "/x/openforge-browser", "path": [], "roots": []}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    task = load_task(ROOT / "examples" / "demo" / "tasks" / "train" / "count-0", "train")
+    rollout = Rollout(
+        rollout_id="r", run_id="run", task_id="count-0", task_set="train", group_id="g", group_index=0,
+        harness="browser", model_name="policy", status=RolloutStatus.PENDING, min_policy_version=0,
+        timeout_s=0.0, create_time=0.0,
+    )  # fmt: skip
+    launches = {}
+    for api in ("chat", "messages", "responses", None):
+        settings = tmp_path / f"browser-{api}.json"
+        settings.write_text(json.dumps({"api": api, "max_steps": 4}) if api else "")
+        factory = LaunchFactory(tmp_path / "installs", config_files={"browser": str(settings)})
+        launches[api] = factory(rollout, task, "http://proxy:8080", "key", 60.0)
+    for api, launch in launches.items():
+        argv = dict(zip(launch.argv[1::2], launch.argv[2::2], strict=True))
+        assert argv["--api"] == (api or "chat") and argv["--max-steps"] == ("4" if api else "10")
+        assert not launch.files.keys() - {"/run/openforge/instruction.md"}
+    assert launches["messages"].env["ANTHROPIC_BASE_URL"] == "http://proxy:8080"
+    assert launches["messages"].env["ANTHROPIC_API_KEY"] == "key" and "OPENAI_BASE_URL" not in launches["messages"].env
+    for api in ("chat", "responses", None):
+        assert (
+            launches[api].env["OPENAI_BASE_URL"] == "http://proxy:8080/v1"
+            and launches[api].env["OPENAI_API_KEY"] == "key"
+        )
+        assert "ANTHROPIC_BASE_URL" not in launches[api].env
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("[]", "JSON object"),
+        ('{"api": "grpc"}', "api must be"),
+        ('{"steps": 3}', "unknown keys"),
+        ('{"max_steps": 0}', "max_steps"),
+    ],
+)
+def test_bad_browser_settings_are_refused_at_start(tmp_path: Path, text: str, error: str) -> None:
+    settings = tmp_path / "browser.json"
+    settings.write_text(text)
+    with pytest.raises(ValueError, match=error):
+        LaunchFactory(tmp_path, config_files={"browser": str(settings)})

@@ -12,10 +12,11 @@ from openforge_orchestrator.domain.sandbox import HarnessLaunch
 from openforge_orchestrator.domain.tasks import Task
 from openforge_orchestrator.harnesses import adapter
 from openforge_orchestrator.harnesses.base import HarnessNotInstalled, Installed, LaunchContext
+from openforge_orchestrator.harnesses.browser import browser_settings
 from openforge_orchestrator.harnesses.command import InvalidCommand
 
 #: Harnesses that layer a settings file (``harness.config_files``) over their defaults.
-CONFIG_FILE_HARNESSES: tuple[str, ...] = ("mini-swe-agent",)
+CONFIG_FILE_HARNESSES: tuple[str, ...] = ("mini-swe-agent", "browser")
 
 
 class LaunchFactory:
@@ -31,7 +32,8 @@ class LaunchFactory:
 
     Raises:
         ValueError: A settings file for a harness that takes none
-            (:data:`CONFIG_FILE_HARNESSES`), or a file that does not exist.
+            (:data:`CONFIG_FILE_HARNESSES`), a file that does not exist, or browser settings
+            that do not parse (:func:`~openforge_orchestrator.harnesses.browser.browser_settings`).
     """
 
     def __init__(
@@ -53,6 +55,8 @@ class LaunchFactory:
             if not path.is_file():
                 raise ValueError(f"harness.config_files: {name}: {file} is not a file")
             self._config_texts[name] = path.read_text(encoding="utf-8")
+            if name == "browser":
+                browser_settings(self._config_texts[name])  # refused at start, not per rollout
 
     def check_installed(self, harness: str) -> None:
         """Refuses a submission whose harness is not installed here (local sandboxes only).
