@@ -38,7 +38,16 @@ from typing import Any
 
 import pytest
 
-from openforge_testing.captures import captured_events, completion_for, headers_of, load_run, run_dir, run_names
+from openforge_proxy.domain.call_roles import CallRole
+from openforge_testing.captures import (
+    captured_events,
+    completion_for,
+    headers_of,
+    load_run,
+    run_dir,
+    run_names,
+    samples_of,
+)
 from openforge_testing.fakes import ScriptedInferenceServer
 
 _REASONING = "**Planning** I will run a shell command."
@@ -243,6 +252,10 @@ async def test_replay_run(run_name: str, model_dir: Path, start_proxy: Any) -> N
     for i, rec in enumerate(records):
         earlier = [r for r in records[:i] if r.call_id == rec.call_id]
         assert rec.attempt == len(earlier) + 1
+    # every captured call is the agent acting on the task; a lineage per training sample
+    assert {rec.role for rec in records} == {CallRole.MAIN}
+    lineages = [f"l{i}" for i, group in enumerate(samples_of(docs)) for _ in group]
+    assert [rec.lineage_id for rec in records] == lineages
     if not faulted:
         for prev, rec in itertools.pairwise(records):
             assert rec.splice.break_cause.value == "none", rec.splice

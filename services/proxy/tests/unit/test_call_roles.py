@@ -8,7 +8,11 @@ import copy
 from typing import Any
 
 import pytest
+from record_builders import make_record
 
+from openforge.common.v1 import common_pb2
+from openforge.proxy.v1 import events_pb2
+from openforge_proxy.adapters.publisher import event_bytes
 from openforge_proxy.domain.call_roles import CallRole, LineageTracker, static_role
 from openforge_proxy.domain.conversation import CanonicalRequest
 from openforge_proxy.domain.protocols import anthropic, chat, responses
@@ -99,3 +103,11 @@ def test_sub_agent_is_its_own_lineage_and_main_continues() -> None:
     # The main agent's next call extends its first call: back in l0.
     c = tracker.classify(_parse(path, docs[1]["body"]), path)
     assert (c.role, c.lineage_id) == (CallRole.MAIN, "l0")
+
+
+@pytest.mark.parametrize("role", list(CallRole))
+def test_the_published_record_carries_role_and_lineage(role: CallRole) -> None:
+    data = make_record(role=role, lineage_id="l1")
+    rec = events_pb2.CallRecorded.FromString(event_bytes(data)).record
+    assert common_pb2.CallRole.Name(rec.role) == "CALL_ROLE_" + role.name
+    assert rec.lineage_id == "l1"

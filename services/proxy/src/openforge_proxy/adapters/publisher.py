@@ -27,6 +27,7 @@ from openforge.proxy.v1 import events_pb2
 from openforge_core.events import EventBus, MessageTooLarge, subject_for
 from openforge_core.protowire import LEN
 from openforge_core.record_delta import RecordCut
+from openforge_proxy.domain.call_roles import CallRole
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import CallRecordData, RecordTooLarge
@@ -39,6 +40,12 @@ _WIRE = {
     WireApi.ANTHROPIC_MESSAGES: common_pb2.WIRE_API_ANTHROPIC_MESSAGES,
     WireApi.OPENAI_RESPONSES: common_pb2.WIRE_API_OPENAI_RESPONSES,
     WireApi.OPENAI_CHAT: common_pb2.WIRE_API_OPENAI_CHAT_COMPLETIONS,
+}
+_ROLE = {
+    CallRole.MAIN: common_pb2.CALL_ROLE_MAIN,
+    CallRole.SUB_AGENT: common_pb2.CALL_ROLE_SUB_AGENT,
+    CallRole.COMPACTION: common_pb2.CALL_ROLE_COMPACTION,
+    CallRole.SIDE: common_pb2.CALL_ROLE_SIDE,
 }
 _FINISH = {
     Finish.STOP: common_pb2.FINISH_REASON_STOP,
@@ -138,6 +145,8 @@ def record_proto(
         stream=data.stream,
         rollout_attempt=data.rollout_attempt,
         error=data.error,
+        role=_ROLE[data.role],
+        lineage_id=data.lineage_id,
     )
     if splice:
         rec.splice.CopyFrom(splice_proto(data.splice))

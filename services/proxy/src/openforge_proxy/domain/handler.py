@@ -41,6 +41,7 @@ import structlog
 
 from openforge_core.errors import InvalidArgument, OpenForgeError, ResourceExhausted, Unauthenticated
 from openforge_core.record_delta import RecordBase, RecordCut
+from openforge_proxy.domain.call_roles import CallClass, LineageTracker
 from openforge_proxy.domain.conversation import CanonicalRequest, ToolKind, WireApi
 from openforge_proxy.domain.engine import Delta, Engine, EngineRejected, EngineUnavailable, Sampling
 from openforge_proxy.domain.families import Event
@@ -160,6 +161,7 @@ class SessionCalls:
         self.body = bodies if bodies is not None else BodyMemo()
         self.scrubber = BodyScrubber()
         self.bases: OrderedDict[str, RecordBase] = OrderedDict()
+        self.lineages = LineageTracker()
         # the last call key's hash: (tools key, bytes starting with the prompt hashed, the
         # prompt's length, the hash state after it)
         self._key: tuple[str, bytes, int, hashlib.blake2b] | None = None
@@ -582,6 +584,7 @@ class CallHandler:
         known.attempts += 1
         reserved = len(plan.prompt) + sampling.max_tokens
         session = self._sessions.admit(session, new_call=new_call, reserve_tokens=reserved)
+        call_class = state.lineages.classify(request)
         return _Prepared(
             session,
             state,
@@ -594,6 +597,7 @@ class CallHandler:
             reserved,
             canonical_json,
             body,
+            call_class,
         )
 
     def _sampling(
@@ -759,6 +763,8 @@ class CallHandler:
                 cut=pre.cut,
                 parts=pre.parts,
                 rollout_attempt=p.session.rollout_attempt,
+                role=p.call_class.role,
+                lineage_id=p.call_class.lineage_id,
             )
             recording = asyncio.ensure_future(self._recorder.record(record))
             # one turn: the record is encoded and queued, or refused (too large, no connection);
@@ -874,6 +880,7 @@ class CallHandler:
             receive_time=receive_time,
             total_s=time.monotonic() - received,
         )
+        record.role, record.lineage_id = p.call_class.role, p.call_class.lineage_id
         p.failure_recorded = True
         try:
             await asyncio.shield(self._recorder.record(record))
@@ -1036,6 +1043,7 @@ class _Prepared:
     reserved: int  # tokens reserved in the session at admission (prompt + completion cap)
     canonical_json: bytes  # the record's canonical conversation
     body: bytes  # the request body as recorded (lone surrogates replaced)
+    call_class: CallClass  # its role and lineage (:mod:`.call_roles`)
     settled: bool = False  # the tokens used were counted and the reservation freed
     failure_recorded: bool = False  # its failed record (error, no ids) was stored or tried
 

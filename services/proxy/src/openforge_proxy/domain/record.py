@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from openforge_core.record_delta import RecordBase, RecordCut
+from openforge_proxy.domain.call_roles import CallRole
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.engine import Sampling
 from openforge_proxy.domain.output import Finish
@@ -53,6 +54,8 @@ class CallRecordData:
         rollout_attempt: The orchestrator's attempt of the rollout (the session's).
         error: Why the call failed, empty when it was answered. A failed call's record has no
             prompt or sampled ids (:func:`failed_record`).
+        role: What the call is for (:mod:`.call_roles`).
+        lineage_id: The call's lineage in its session (main and sub-agent calls), else empty.
     """
 
     rollout_id: str
@@ -82,6 +85,8 @@ class CallRecordData:
     parts: object = None
     rollout_attempt: int = 1
     error: str = ""
+    role: CallRole = CallRole.MAIN
+    lineage_id: str = ""
 
     @property
     def prompt_ids(self) -> list[int]:

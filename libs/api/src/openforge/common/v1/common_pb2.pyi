@@ -124,6 +124,38 @@ BREAK_CAUSE_OTHER: BreakCause.ValueType  # 6
 """Anything else; the report's detail says what."""
 Global___BreakCause: _TypeAlias = BreakCause  # noqa: Y015
 
+class _CallRole:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CallRoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CallRole.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CALL_ROLE_UNSPECIFIED: _CallRole.ValueType  # 0
+    CALL_ROLE_MAIN: _CallRole.ValueType  # 1
+    """The agent acting on the task."""
+    CALL_ROLE_SUB_AGENT: _CallRole.ValueType  # 2
+    """A sub-agent's conversation in the same session (its own lineage)."""
+    CALL_ROLE_COMPACTION: _CallRole.ValueType  # 3
+    """A summarising request whose answer replaces the history."""
+    CALL_ROLE_SIDE: _CallRole.ValueType  # 4
+    """Not the policy acting: title generation, quota and token-count probes."""
+
+class CallRole(_CallRole, metaclass=_CallRoleEnumTypeWrapper):
+    """What a model call is for, decided by the proxy from the request alone
+    (tools offered, system prompt markers, the conversation's lineage).
+    """
+
+CALL_ROLE_UNSPECIFIED: CallRole.ValueType  # 0
+CALL_ROLE_MAIN: CallRole.ValueType  # 1
+"""The agent acting on the task."""
+CALL_ROLE_SUB_AGENT: CallRole.ValueType  # 2
+"""A sub-agent's conversation in the same session (its own lineage)."""
+CALL_ROLE_COMPACTION: CallRole.ValueType  # 3
+"""A summarising request whose answer replaces the history."""
+CALL_ROLE_SIDE: CallRole.ValueType  # 4
+"""Not the policy acting: title generation, quota and token-count probes."""
+Global___CallRole: _TypeAlias = CallRole  # noqa: Y015
+
 class _RolloutStatus:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -399,6 +431,8 @@ class CallRecord(_message.Message):
     DELTA_FIELD_NUMBER: _builtins.int
     ROLLOUT_ATTEMPT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    LINEAGE_ID_FIELD_NUMBER: _builtins.int
     rollout_id: _builtins.str
     """Rollout this call belongs to."""
     call_id: _builtins.str
@@ -444,6 +478,15 @@ class CallRecord(_message.Message):
     call's record has no sampled tokens and finish_reason ERROR; it closes the
     rollout's accounting (the call was counted when admitted) and never enters
     a sample.
+    """
+    role: Global___CallRole.ValueType
+    """What the call is for. UNSPECIFIED in records written before this field
+    existed: read as MAIN.
+    """
+    lineage_id: _builtins.str
+    """The lineage of a main or sub-agent call (calls whose history extends an
+    earlier call's share its lineage): "l0", "l1"... in order of appearance in
+    the session; empty for compaction and side calls.
     """
     @_builtins.property
     def request(self) -> _struct_pb2.Struct:
@@ -541,10 +584,12 @@ class CallRecord(_message.Message):
         delta: Global___RecordDelta | None = ...,
         rollout_attempt: _builtins.int = ...,
         error: _builtins.str = ...,
+        role: Global___CallRole.ValueType = ...,
+        lineage_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["canonical_messages", b"canonical_messages", "delta", b"delta", "receive_time", b"receive_time", "request", b"request", "sampling", b"sampling", "splice", b"splice", "time_to_first_byte", b"time_to_first_byte", "total_time", b"total_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call_id", b"call_id", "canonical_json", b"canonical_json", "canonical_messages", b"canonical_messages", "completion_logprobs", b"completion_logprobs", "completion_policy_versions", b"completion_policy_versions", "completion_token_ids", b"completion_token_ids", "delta", b"delta", "error", b"error", "finish_reason", b"finish_reason", "http_status", b"http_status", "model", b"model", "prompt_token_ids", b"prompt_token_ids", "receive_time", b"receive_time", "request", b"request", "request_headers", b"request_headers", "request_json", b"request_json", "response_body", b"response_body", "rollout_attempt", b"rollout_attempt", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "splice", b"splice", "stream", b"stream", "time_to_first_byte", b"time_to_first_byte", "total_time", b"total_time", "wire_api", b"wire_api"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call_id", b"call_id", "canonical_json", b"canonical_json", "canonical_messages", b"canonical_messages", "completion_logprobs", b"completion_logprobs", "completion_policy_versions", b"completion_policy_versions", "completion_token_ids", b"completion_token_ids", "delta", b"delta", "error", b"error", "finish_reason", b"finish_reason", "http_status", b"http_status", "lineage_id", b"lineage_id", "model", b"model", "prompt_token_ids", b"prompt_token_ids", "receive_time", b"receive_time", "request", b"request", "request_headers", b"request_headers", "request_json", b"request_json", "response_body", b"response_body", "role", b"role", "rollout_attempt", b"rollout_attempt", "rollout_id", b"rollout_id", "run_id", b"run_id", "sampling", b"sampling", "splice", b"splice", "stream", b"stream", "time_to_first_byte", b"time_to_first_byte", "total_time", b"total_time", "wire_api", b"wire_api"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
