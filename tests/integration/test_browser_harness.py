@@ -325,8 +325,9 @@ async def _recorded(nats_url: str, count: int, durable: str = "browser-harness")
 def test_orchestrator_runs_the_browser_harness_in_its_sandbox(
     tmp_path: Path, chromium: str, nats_server_fn: NatsServer, service_process: ServiceFactory
 ) -> None:
-    """The orchestrator runs ``browser`` rollouts in local (bubblewrap) sandboxes; the task's own
-    verifier scores each: the oracle's clicks earn 1, a wrong click 0."""
+    """The orchestrator runs ``browser`` rollouts in local (bubblewrap) sandboxes, over the wire API
+    its settings file names (here Anthropic Messages); the task's own verifier scores each: the
+    oracle's clicks earn 1, a wrong click 0."""
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
     runner = CliRunner()
@@ -341,6 +342,8 @@ def test_orchestrator_runs_the_browser_harness_in_its_sandbox(
     try:
         env = {"OPENFORGE_NATS__URL": nats_server_fn.url, "OPENFORGE_SERVICES__INFERENCE": fake.address}
         proxy = service_process("openforge_proxy", env)
+        settings = tmp_path / "browser.json"
+        settings.write_text(json.dumps({"api": "messages"}))
         orch = service_process(
             "openforge_orchestrator",
             {
@@ -352,9 +355,11 @@ def test_orchestrator_runs_the_browser_harness_in_its_sandbox(
                 "OPENFORGE_SANDBOX__LOCAL__ROOT": str(tmp_path / "sandboxes"),
                 "OPENFORGE_SANDBOX__LOCAL__CACHE": str(tmp_path / "cache"),
                 "OPENFORGE_SANDBOX__LOCAL__ARTIFACTS": str(tmp_path / "artifacts"),
+                "OPENFORGE_HARNESS__CONFIG_FILES": json.dumps({"browser": str(settings)}),
             },
         )
         done = asyncio.run(_submit(orch.address, ["click-checkboxes-0", "click-button-1"]))
+        records = asyncio.run(_recorded(nats_server_fn.url, 4 + 2, durable="browser-sandbox"))
     finally:
         fake.stop_thread()
     status = {r.task_id: (r.status, r.reward, r.failure_reason) for r in done}
@@ -363,6 +368,7 @@ def test_orchestrator_runs_the_browser_harness_in_its_sandbox(
         "click-button-1": (common_pb2.ROLLOUT_STATUS_SUCCEEDED, 0.0, ""),
     }, [(r.task_id, r.verifier_output) for r in done]
     assert len(fake.seen) == 4 + 2  # 2 checkboxes, Submit, done; a click, done
+    assert {(r.wire_api, r.http_status) for r in records} == {(common_pb2.WIRE_API_ANTHROPIC_MESSAGES, 200)}
 
 
 async def _submit(orch: str, task_ids: list[str]) -> list[common_pb2.Rollout]:
