@@ -374,16 +374,17 @@ MISTRAL_SPECIAL_TOKENS: Final[tuple[str, ...]] = (
     "[CALL_ID]",
 )
 
-#: Mistral v11-style template (Mistral Small 3.2, Devstral), written from the format as
-#: ``mistral-common``'s v11 encoder writes it (not a copy of Mistral's template): ``<s>`` (the
-#: tokenizer's ``bos_token``), a system message as ``[SYSTEM_PROMPT]...[/SYSTEM_PROMPT]``, the
-#: tool definitions once as ``[AVAILABLE_TOOLS][...][/AVAILABLE_TOOLS]`` after the first system
-#: prompt (at the start, as the v13 encoder places them, so a growing conversation renders as a
-#: prefix of its next render; the v7/v11 encoders place them before the last user message), a
-#: user message ``[INST]...[/INST]``, an assistant turn its text then each call
-#: ``[TOOL_CALLS]NAME[ARGS]{json}``, ended with ``</s>``, a tool result
-#: ``[TOOL_RESULTS]...[/TOOL_RESULTS]``. No generation prompt: the model writes right after
-#: ``[/INST]`` or ``[/TOOL_RESULTS]``.
+#: Mistral v11-style template (Mistral Small 3.x, Devstral, Magistral), written from the format
+#: as ``mistral-common``'s v13 encoder writes it (not a copy of Mistral's template; the test
+#: ``test_mistral_template_vs_mistral_common`` checks it renders that encoder's text):
+#: ``<s>`` (the tokenizer's ``bos_token``), a system message as
+#: ``[SYSTEM_PROMPT]...[/SYSTEM_PROMPT]``, the tool definitions once as
+#: ``[AVAILABLE_TOOLS][...][/AVAILABLE_TOOLS]`` after the first system prompt (the v7/v11
+#: encoders place them before the last user message, so a conversation's render would not be a
+#: prefix of its next one), a user message ``[INST]...[/INST]``, an assistant turn its text then
+#: each call ``[TOOL_CALLS]NAME[ARGS]{json}`` (no ``[CALL_ID]``, as v13), ended with ``</s>``, a
+#: tool result ``[TOOL_RESULTS]...[/TOOL_RESULTS]``. No generation prompt: the model writes
+#: right after ``[/INST]`` or ``[/TOOL_RESULTS]``.
 MISTRAL_TEMPLATE: Final = (
     CONTENT_MACRO
     + """\
