@@ -1,4 +1,4 @@
-"""Build a tiny random-init model with a locally trained tokenizer, in one of three families.
+"""Build a tiny random-init model with a locally trained tokenizer, in one of four families.
 
 * ``qwen`` (the default): Qwen2 architecture, a Qwen/Hermes chat template (``<|im_start|>``,
   ``<tool_call>``, ``<think>``).
@@ -8,10 +8,13 @@
 * ``glm45``: GLM-4.5's architecture (``Glm4MoeForCausalLM``: a dense first layer, then
   mixture-of-experts layers with a shared expert; partial RoPE), a tokenizer carrying GLM-4.5's
   special tokens and the GLM-4.5-style template of :mod:`openforge_core.chat_formats`.
+* ``mistral``: Mistral's architecture (``MistralForCausalLM``), a tokenizer carrying Mistral's
+  control tokens (``[INST]``, ``[TOOL_CALLS]``, ``[ARGS]``...) and the Mistral v11-style
+  template of :mod:`openforge_core.chat_formats`.
 
 No model hub is ever contacted: the tokenizer is a byte-level BPE trained with ``tokenizers`` on a
 small corpus built into this module (chat, tool-use and code text, expanded deterministically
-from a seed; the llama3 and glm45 families add their call formats), the weights are random, and everything is
+from a seed; the llama3, glm45 and mistral families add their call formats), the weights are random, and everything is
 written with ``save_pretrained`` in HF safetensors format so that ``AutoModelForCausalLM.from_pretrained``,
 ``AutoTokenizer.from_pretrained`` (including ``apply_chat_template`` with tools) and vLLM all
 load the directory like any real checkpoint.
@@ -21,7 +24,7 @@ fill is padded with ``<|reserved_N|>`` special tokens, so that every id a random
 decodes (real Qwen checkpoints pad the embedding instead, which a trained model never samples
 from; a random one does). The llama3 family's padding tokens are ``<|reserved_special_token_N|>``.
 
-Run as ``python -m openforge_inference.tiny_model --size 10m [--family llama3|glm45] --out DIR``.
+Run as ``python -m openforge_inference.tiny_model --size 10m [--family llama3|glm45|mistral] --out DIR``.
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ from openforge_core.chat_formats import (
     LLAMA3_PAD_TOKEN,
     LLAMA3_SPECIAL_TOKENS,
     LLAMA3_TEMPLATE,
+    MISTRAL_BOS_TOKEN,
+    MISTRAL_END_TOKENS,
+    MISTRAL_EOS_TOKEN,
+    MISTRAL_PAD_TOKEN,
+    MISTRAL_SPECIAL_TOKENS,
+    MISTRAL_TEMPLATE,
 )
 
 __all__ = [
@@ -325,7 +334,8 @@ class TinyFamily:
 
     Attributes:
         architecture: transformers' architecture: ``qwen2`` (``Qwen2ForCausalLM``), ``llama``
-            (``LlamaForCausalLM``) or ``glm4_moe`` (``Glm4MoeForCausalLM``).
+            (``LlamaForCausalLM``), ``glm4_moe`` (``Glm4MoeForCausalLM``) or ``mistral``
+            (``MistralForCausalLM``).
         special_tokens: Special tokens, ids 0.. in this order.
         chat_template: The Jinja chat template written next to the tokenizer.
         split_pattern: Pre-tokenization regex of the byte-level BPE.
@@ -344,7 +354,7 @@ class TinyFamily:
             models), or a matrix of its own (GLM-4.5's).
     """
 
-    architecture: Literal["qwen2", "llama", "glm4_moe"]
+    architecture: Literal["qwen2", "llama", "glm4_moe", "mistral"]
     special_tokens: tuple[str, ...]
     chat_template: str
     split_pattern: str
@@ -396,6 +406,20 @@ def _glm45_corpus() -> tuple[str, ...]:
             for _ in range(rng.randint(1, 2))
         )
         docs.append(f"\n<tool_call>{rng.choice(_NAMES)}{args}\n</tool_call>")
+    return tuple(docs)
+
+
+def _mistral_corpus() -> tuple[str, ...]:
+    """Mistral v11 framing and calls (``[TOOL_CALLS]NAME[ARGS]{...}``), built deterministically
+    from the tool names and words of the base corpus."""
+    rng = random.Random(11)
+    docs = ['[{"type": "function", "function": {"name": "', '"}}]'] * 20
+    for _ in range(1000):
+        calls = "".join(
+            f"[TOOL_CALLS]{rng.choice(_NAMES)}[ARGS]" + json.dumps({rng.choice(_WORDS): rng.choice(_WORDS)})
+            for _ in range(rng.randint(1, 2))
+        )
+        docs.append(calls)
     return tuple(docs)
 
 
@@ -454,6 +478,25 @@ FAMILIES: Final[dict[str, TinyFamily]] = {
         # GLM-4.5's RoPE: theta 1M over half of each head (partial rotary factor 0.5)
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "partial_rotary_factor": 0.5},
         corpus=_glm45_corpus(),
+        tie_word_embeddings=False,
+    ),
+    "mistral": TinyFamily(
+        architecture="mistral",
+        special_tokens=MISTRAL_SPECIAL_TOKENS,
+        chat_template=MISTRAL_TEMPLATE,
+        split_pattern=_SPLIT_PATTERN,
+        reserved_token="<SPECIAL_{}>",
+        bos_token=MISTRAL_BOS_TOKEN,
+        eos_token=MISTRAL_EOS_TOKEN,
+        pad_token=MISTRAL_PAD_TOKEN,
+        extra_special_tokens=tuple(
+            t for t in MISTRAL_SPECIAL_TOKENS if t not in (MISTRAL_BOS_TOKEN, MISTRAL_EOS_TOKEN, MISTRAL_PAD_TOKEN)
+        ),
+        end_tokens=MISTRAL_END_TOKENS,
+        config_eos_all=False,
+        # Mistral Small 3.x's RoPE: theta 1e9, no scaling; an output layer of its own
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000_000.0},
+        corpus=_mistral_corpus(),
         tie_word_embeddings=False,
     ),
 }
@@ -538,8 +581,9 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, famil
         size: One of ``SIZES`` ("1m", "10m", "50m", "300m"): approximate parameter count.
         seed: Seed for the weights (``torch.manual_seed``) and the tokenizer corpus.
         family: One of ``FAMILIES``: ``qwen`` (Qwen2, Hermes/Qwen template), ``llama3``
-            (Llama, Llama 3.1-style template and special tokens) or ``glm45`` (Glm4Moe,
-            GLM-4.5-style template and special tokens).
+            (Llama, Llama 3.1-style template and special tokens), ``glm45`` (Glm4Moe,
+            GLM-4.5-style template and special tokens) or ``mistral`` (Mistral, Mistral
+            v11-style template and control tokens).
 
     Returns:
         The output directory.
@@ -559,6 +603,8 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, famil
         Glm4MoeForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
         PreTrainedTokenizerFast,
         Qwen2Config,
         Qwen2ForCausalLM,
@@ -590,6 +636,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, famil
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "llama": (LlamaConfig, LlamaForCausalLM),
         "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
     }
     config_class, model_class = classes[fam.architecture]
     extra: dict[str, Any] = {}
