@@ -39,10 +39,10 @@ def _finish(r: common_pb2.Rollout, reward: float, calls: int, attempts: int = 0)
 
 
 def test_migrations_are_versioned_and_idempotent(repo: SqlRepository) -> None:
-    assert repo.schema_version() == 3
+    assert repo.schema_version() == 4
     repo.close()
     repo.open()
-    assert repo.schema_version() == 3
+    assert repo.schema_version() == 4
 
 
 def test_redelivery_never_duplicates(repo: SqlRepository) -> None:
@@ -154,7 +154,7 @@ def test_a_store_of_schema_2_is_migrated_and_its_calls_read_as_attempt_1(
     new = SqlRepository(url)
     new.open()
     try:
-        assert new.schema_version() == 3
+        assert new.schema_version() == 4
         r0 = make_rollout("r0")
         new.ingest([submitted(r0)])
         assert [g.group_id for g in new.ingest([_finish(r0, 1.0, 2, attempts=1)]).completed_groups] == ["g1"]
@@ -368,3 +368,25 @@ def test_a_lost_postgresql_connection_is_opened_again(postgres_dsn: str, pg_repo
     repo.ingest([recorded(calls[1])])  # redelivered: on a new connection
     assert repo.count_calls() == 2
     assert repo.db.execute("SELECT pg_backend_pid()").fetchone()[0] != pid
+
+
+def test_call_roles_are_kept_and_each_lineage_is_its_own_sample(repo: SqlRepository) -> None:
+    r0 = make_rollout("r0")
+    main = conversation("r0", 2)
+    sub = [make_call("r0", "s0", [3, 4, 5], [6, 7], t=500)]
+    for c in main:
+        c.role, c.lineage_id = common_pb2.CALL_ROLE_MAIN, "l0"
+    sub[0].role, sub[0].lineage_id = common_pb2.CALL_ROLE_SUB_AGENT, "l1"
+    repo.ingest([submitted(r0), *[recorded(c) for c in [main[0], *sub, main[1]]]])
+    repo.ingest([_finish(r0, 1.0, 3)])
+    rows = repo.db.execute("SELECT call_id, role, lineage_id FROM calls ORDER BY call_id").fetchall()
+    assert [tuple(r) for r in rows] == [
+        ("c0", common_pb2.CALL_ROLE_MAIN, "l0"),
+        ("c1", common_pb2.CALL_ROLE_MAIN, "l0"),
+        ("s0", common_pb2.CALL_ROLE_SUB_AGENT, "l1"),
+    ]
+    samples = repo.samples("r0")
+    assert [(s.role, s.lineage_id, list(s.call_ids)) for s in samples] == [
+        (common_pb2.CALL_ROLE_MAIN, "l0", ["c0", "c1"]),
+        (common_pb2.CALL_ROLE_SUB_AGENT, "l1", ["s0"]),
+    ]

@@ -16,6 +16,8 @@ Schema (versioned; :data:`MIGRATIONS` are applied in order and recorded in
 * ``calls.rollout_attempt``, ``rollouts.attempts``: which of the orchestrator's attempts of a
   rollout made each call, and how many it made (schema version 3): only the calls of the last
   attempt are assembled.
+* ``calls.role``, ``calls.lineage_id``: the call's ``CallRole`` number (0: recorded before roles,
+  read as main) and lineage (schema version 4).
 
 Statements are written with ``?`` placeholders and SQL both dialects accept; :class:`Database`
 turns the placeholders into PostgreSQL's.
@@ -70,6 +72,10 @@ MIGRATIONS: list[list[str]] = [
     [
         "ALTER TABLE calls ADD COLUMN rollout_attempt INTEGER NOT NULL DEFAULT 1",
         "ALTER TABLE rollouts ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",
+    ],
+    [
+        "ALTER TABLE calls ADD COLUMN role INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE calls ADD COLUMN lineage_id TEXT NOT NULL DEFAULT ''",
     ],
 ]
 

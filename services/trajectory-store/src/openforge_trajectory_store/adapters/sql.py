@@ -210,7 +210,8 @@ class _SqlProjectionStore:
         base_call, base_attempt = stored.base if stored.base else (None, None)
         cur = self._x(
             "INSERT INTO calls (rollout_id, call_id, attempt, rollout_attempt, run_id, receive_time, base_call_id,"
-            " base_attempt, prefix_len, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            " base_attempt, prefix_len, role, lineage_id, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT DO NOTHING",
             (
                 rec.rollout_id,
                 rec.call_id,
@@ -221,6 +222,8 @@ class _SqlProjectionStore:
                 base_call,
                 base_attempt,
                 stored.prefix_len,
+                rec.role,
+                rec.lineage_id,
                 stored.data,
             ),
         )

@@ -17,6 +17,16 @@ the first diverging token position). The layout is what veRL's multi-turn agent
 loop produces (``AgentLoopOutput``: prompt_ids, response_ids, response_mask,
 response_logprobs).
 
+Roles and lineages (``CallRecord.role``, ``lineage_id``, decided by the proxy): a call extends
+the latest sample of its own role and lineage, not merely the previous sample, so a main
+agent's calls interleaved with a sub-agent's make one main sample and one sub-agent sample.
+A sub-agent's first call starts a sample labelled SUB_AGENT; a compaction call is a sample
+of its own (COMPACTION), and a main call that starts a new lineage after one is labelled
+COMPACTION too (the history was replaced); a side call (title, probe) is a sample of its own
+(OTHER), kept for inspection. Each sample carries the role and lineage of its calls; which
+roles are trained is the trainer's choice (``RunConfig.trainer.roles``). Records written
+before roles read as main calls of one lineage: assembled as before.
+
 Retried attempts: of the attempts of one call, only the one the harness
 continued with enters a sample — the attempt whose prompt + completion the next
 call's prompt extends, or else the last attempt that completed. A failed
@@ -63,6 +73,10 @@ _S_CALLS = _Sample.CALL_IDS_FIELD_NUMBER
 _S_REWARD = _Sample.REWARD_FIELD_NUMBER
 _S_PARTIAL = _Sample.PARTIAL_FIELD_NUMBER
 _S_DETAIL = _Sample.BREAK_DETAIL_FIELD_NUMBER
+_S_ROLE = _Sample.ROLE_FIELD_NUMBER
+_S_LINEAGE = _Sample.LINEAGE_ID_FIELD_NUMBER
+#: Roles whose calls merge into one sample per lineage; any other call is a sample of its own.
+_MERGED = (common_pb2.CALL_ROLE_MAIN, common_pb2.CALL_ROLE_SUB_AGENT)
 
 
 def last_rollout_attempt(calls: Sequence[CallView], attempts: int) -> list[CallView]:
@@ -124,6 +138,8 @@ class _Builder:
         self.prompt = first.prompt
         self.cause = cause
         self.detail = detail
+        self.role = first.role
+        self.lineage_id = first.lineage_id
         self.sequence = bytearray(first.prompt)
         self.prompts: list[bytes] = []
         self.response: list[bytes] = []
@@ -178,17 +194,37 @@ class _Builder:
             wire.double_field(_S_REWARD, reward),
             wire.varint_field(_S_PARTIAL, int(partial)),
             wire.len_field(_S_DETAIL, self.detail.encode()) if self.detail else b"",
+            wire.varint_field(_S_ROLE, self.role),
+            wire.len_field(_S_LINEAGE, self.lineage_id.encode()) if self.lineage_id else b"",
         ]
         return b"".join(parts)
 
 
-def _cause(call: CallView, builders: Sequence[_Builder]) -> tuple[int, str]:
+def _start_cause(call: CallView, builders: Sequence[_Builder], own: _Builder | None) -> tuple[int, str]:
+    """Why ``call`` starts a sample; ``own`` is the latest sample of its role and lineage."""
+    if call.role == common_pb2.CALL_ROLE_COMPACTION:
+        return common_pb2.BREAK_CAUSE_COMPACTION, "a compaction call: its answer replaces the history"
+    if call.role not in _MERGED:
+        return common_pb2.BREAK_CAUSE_OTHER, "a side call (title, probe): not the agent acting on the task"
+    if own is not None:
+        return _cause(call, builders, own)
+    if call.role == common_pb2.CALL_ROLE_SUB_AGENT:
+        return common_pb2.BREAK_CAUSE_SUB_AGENT, f"sub-agent lineage {call.lineage_id}"
+    mains = [b for b in builders if b.role == common_pb2.CALL_ROLE_MAIN]
+    if not mains:
+        return common_pb2.BREAK_CAUSE_NONE, ""
+    if any(b.role == common_pb2.CALL_ROLE_COMPACTION for b in builders):
+        return common_pb2.BREAK_CAUSE_COMPACTION, "the history was replaced after a compaction"
+    return _cause(call, builders, mains[-1])
+
+
+def _cause(call: CallView, builders: Sequence[_Builder], ref: _Builder) -> tuple[int, str]:
     if call.break_cause not in _NO_BREAK:
         return call.break_cause, call.break_detail
     for b in builders:
         if call.prompt in b.prompts:
             return common_pb2.BREAK_CAUSE_RETRY, "prompt re-sends an earlier call's prompt"
-    seq = bytes(builders[-1].sequence)
+    seq = bytes(ref.sequence)
     at = wire.count_varints(seq[: wire.token_boundary(seq, wire.common_prefix(seq, call.prompt))])
     return common_pb2.BREAK_CAUSE_OTHER, f"diverges from the previous sequence at token {at}"
 
@@ -210,11 +246,16 @@ def assemble(rollout: common_pb2.Rollout, calls: Sequence[CallView]) -> list[byt
         ValueError: A call's logprobs or policy versions do not match its sampled tokens.
     """
     builders: list[_Builder] = []
+    latest: dict[tuple[int, str], _Builder] = {}  # the latest sample per (role, lineage)
     for call in select_attempts(calls):
-        if builders and builders[-1].try_extend(call):
+        key = (call.role, call.lineage_id)
+        own = latest.get(key) if call.role in _MERGED else None
+        if own is not None and own.try_extend(call):
             continue
-        cause, detail = _cause(call, builders) if builders else (common_pb2.BREAK_CAUSE_NONE, "")
-        builders.append(_Builder(rollout.rollout_id, len(builders), call, cause, detail))
+        cause, detail = _start_cause(call, builders, own)
+        builder = _Builder(rollout.rollout_id, len(builders), call, cause, detail)
+        builders.append(builder)
+        latest[key] = builder
     reward = rollout.reward if rollout.HasField("reward") else 0.0  # 0.0: the field is not written
     partial = rollout.status in _PARTIAL
     return [b.serialize(reward, partial) for b in builders]

@@ -58,6 +58,8 @@ FINISH = _Rec.FINISH_REASON_FIELD_NUMBER
 RECEIVE_TIME = _Rec.RECEIVE_TIME_FIELD_NUMBER
 SPLICE = _Rec.SPLICE_FIELD_NUMBER
 ROLLOUT_ATTEMPT = _Rec.ROLLOUT_ATTEMPT_FIELD_NUMBER
+ROLE = _Rec.ROLE_FIELD_NUMBER
+LINEAGE_ID = _Rec.LINEAGE_ID_FIELD_NUMBER
 ERROR = _Rec.ERROR_FIELD_NUMBER
 _SECONDS = timestamp_pb2.Timestamp.SECONDS_FIELD_NUMBER
 _NANOS = timestamp_pb2.Timestamp.NANOS_FIELD_NUMBER
@@ -82,6 +84,8 @@ class CallView:
         break_detail: Splice report's detail.
         rollout_attempt: The orchestrator's attempt of the rollout (1 when not recorded).
         error: Why the call failed; empty when it was answered.
+        role: CallRole number (main when not recorded).
+        lineage_id: The call's lineage (empty when not recorded, or for compaction and side calls).
     """
 
     call_id: str = ""
@@ -97,6 +101,8 @@ class CallView:
     completion_len: int = 0
     rollout_attempt: int = 1
     error: str = ""
+    role: int = common_pb2.CALL_ROLE_MAIN
+    lineage_id: str = ""
     data: bytes = field(default=b"", repr=False)
 
     @property
@@ -132,6 +138,10 @@ class CallView:
                 v.rollout_attempt = max(1, a)
             elif num == ERROR and wt == LEN:
                 v.error = data[a:b].decode()
+            elif num == ROLE and wt == VARINT:
+                v.role = a or common_pb2.CALL_ROLE_MAIN
+            elif num == LINEAGE_ID and wt == LEN:
+                v.lineage_id = data[a:b].decode()
             elif num == RECEIVE_TIME and wt == LEN:
                 for n2, w2, x, _ in fields(data[a:b]):
                     if w2 == VARINT:

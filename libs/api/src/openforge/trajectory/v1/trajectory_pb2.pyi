@@ -66,6 +66,8 @@ class Sample(_message.Message):
     REWARD_FIELD_NUMBER: _builtins.int
     PARTIAL_FIELD_NUMBER: _builtins.int
     BREAK_DETAIL_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    LINEAGE_ID_FIELD_NUMBER: _builtins.int
     sample_id: _builtins.str
     """"<rollout_id>/<index>"."""
     rollout_id: _builtins.str
@@ -82,6 +84,16 @@ class Sample(_message.Message):
     """True when the rollout timed out or failed and the sample is partial."""
     break_detail: _builtins.str
     """Detail of break_cause (e.g. the first diverging token position)."""
+    role: _common_pb2.CallRole.ValueType
+    """The role of the calls merged into this sample (a sample holds calls of
+    one role and lineage): main and sub-agent samples are trained by default,
+    a compaction is its own sample, side calls are not trained
+    (RunConfig.trainer.roles).
+    """
+    lineage_id: _builtins.str
+    """The lineage of its calls (CallRecord.lineage_id); empty for compaction
+    and side samples.
+    """
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Token ids of the first call's prompt."""
@@ -124,10 +136,12 @@ class Sample(_message.Message):
         reward: _builtins.float = ...,
         partial: _builtins.bool = ...,
         break_detail: _builtins.str = ...,
+        role: _common_pb2.CallRole.ValueType = ...,
+        lineage_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["break_cause", b"break_cause", "break_detail", b"break_detail", "call_ids", b"call_ids", "index", b"index", "loss_mask", b"loss_mask", "partial", b"partial", "policy_versions", b"policy_versions", "prompt_token_ids", b"prompt_token_ids", "response_token_ids", b"response_token_ids", "reward", b"reward", "rollout_id", b"rollout_id", "rollout_logprobs", b"rollout_logprobs", "sample_id", b"sample_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["break_cause", b"break_cause", "break_detail", b"break_detail", "call_ids", b"call_ids", "index", b"index", "lineage_id", b"lineage_id", "loss_mask", b"loss_mask", "partial", b"partial", "policy_versions", b"policy_versions", "prompt_token_ids", b"prompt_token_ids", "response_token_ids", b"response_token_ids", "reward", b"reward", "role", b"role", "rollout_id", b"rollout_id", "rollout_logprobs", b"rollout_logprobs", "sample_id", b"sample_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
