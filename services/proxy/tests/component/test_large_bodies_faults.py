@@ -255,3 +255,29 @@ async def test_a_child_that_cannot_be_started_leaves_bodies_parsed_here(monkeypa
         )
     finally:
         parser.close()
+
+
+async def test_closing_the_parser_during_an_exchange_leaves_its_pipes_to_that_exchange() -> None:
+    # close() while an exchange is blocked on the child's pipes: the child is killed (not its
+    # pipes closed under the exchange), the body is parsed here, and the exchange closes them
+    pipes = _pipes()
+    parser = ProcessBodyParser(0, timeout_s=30.0)
+    raw = orjson.dumps({"who": "closed", "pad": "x" * (1 << 20)})  # more than a pipe holds
+    assert await _fast(parser, b"{}") == _reference(b"{}")
+    pid = parser.pid
+    assert pid is not None
+    try:
+        os.kill(pid, signal.SIGSTOP)  # the exchange blocks writing the body
+        call = asyncio.ensure_future(_fast(parser, raw))
+        await asyncio.sleep(0.3)
+        assert not call.done()
+        t0 = time.monotonic()
+        await asyncio.to_thread(parser.close)
+        assert time.monotonic() - t0 < 1.0  # killed at once, not waited for
+        assert await asyncio.wait_for(call, 20) == _reference(raw)
+        assert parser.pid is None and not _alive(pid)
+        assert _pipes() <= pipes
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGCONT)
+        parser.close()

@@ -76,6 +76,10 @@ class ProcessBodyParser:
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = asyncio.Lock()
         self._start_lock = threading.Lock()
+        # guards ``_proc`` against ``_busy``: a child whose pipes an exchange is using is not
+        # closed under it (its descriptors could be reused meanwhile), only killed
+        self._io_lock = threading.RLock()
+        self._busy: subprocess.Popen[bytes] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -84,7 +88,7 @@ class ProcessBodyParser:
 
     def start(self) -> None:
         """Starts the child now (else on the first body); blocking, so call it in a thread."""
-        with self._start_lock:
+        with self._io_lock, self._start_lock:
             if self._proc is None or self._proc.poll() is not None:
                 if self._proc is not None:  # it exited: its pipes go
                     self.close()
@@ -136,20 +140,17 @@ class ProcessBodyParser:
         return parsed, body if fixed is None else fixed
 
     def close(self) -> None:
-        """Stops the child (it exits when its input closes)."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(OSError):
-            if proc.stdin is not None:
-                proc.stdin.close()
-        try:
-            proc.wait(2)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        """Stops the child (it exits when its input closes). While an exchange uses its pipes,
+        the child is killed instead: the exchange then ends (its body is parsed here) and
+        closes the pipes itself."""
+        with self._io_lock:
+            proc, self._proc = self._proc, None
+            if proc is None:
+                return
+            if proc is self._busy:
+                proc.kill()
+                return
+        _stop(proc)
 
     def _kill_hung(self) -> None:
         proc = self._proc
@@ -158,9 +159,11 @@ class ProcessBodyParser:
             proc.kill()
 
     def _exchange(self, body: bytes) -> _Reply:
+        proc = None
         try:
-            self.start()
-            proc = self._proc
+            with self._io_lock:
+                self.start()
+                proc = self._busy = self._proc
             assert proc is not None and proc.stdin is not None and proc.stdout is not None
             out, inp = proc.stdin.fileno(), proc.stdout.fileno()
             _write_all(out, len(body).to_bytes(_HEAD, "little"))
@@ -174,12 +177,32 @@ class ProcessBodyParser:
         except Exception as exc:  # whatever the child did, the body still gets its answer
             log.warning(EV_PARSER_FAILED, error=repr(exc))
             self.close()
+        finally:
+            with self._io_lock:
+                self._busy = None
+                orphan = proc is not None and proc is not self._proc
+            if orphan:  # closed while this exchange used its pipes: they are closed here
+                assert proc is not None
+                _stop(proc)
         # parsed here instead, with the reference (this thread: the caller awaits it)
         try:
             parsed, recorded = parse_object(body)
         except ApiError as err:
             return None, None, (err.kind.value, err.message, err.status)
         return parsed, None if recorded is body else recorded, None
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    try:
+        proc.wait(2)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def _write_all(fd: int, data: bytes) -> None:
