@@ -389,17 +389,17 @@ MISTRAL_TEMPLATE: Final = (
     CONTENT_MACRO
     + """\
 {{- bos_token }}
-{%- set ns = namespace(first=0) %}
-{%- if messages and messages[0].role == 'system' %}
+{%- if messages[0].role == 'system' %}
 {{- '[SYSTEM_PROMPT]' + render_content(messages[0].content) + '[/SYSTEM_PROMPT]' }}
-{%- set ns.first = 1 %}
 {%- endif %}
 {%- if tools %}
 {{- '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}
 {%- endif %}
-{%- for message in messages[ns.first:] %}
+{%- for message in messages %}
 {%- if message.role == 'system' %}
+{%- if not loop.first %}
 {{- '[SYSTEM_PROMPT]' + render_content(message.content) + '[/SYSTEM_PROMPT]' }}
+{%- endif %}
 {%- elif message.role == 'user' %}
 {{- '[INST]' + render_content(message.content) + '[/INST]' }}
 {%- elif message.role == 'assistant' %}

@@ -127,7 +127,7 @@ def _message(rng: random.Random, i: int) -> dict[str, Any]:
     return msg
 
 
-@pytest.mark.parametrize("name", ["hermes", "llama3", "neighbours", "nested", "headed", "filtered"])
+@pytest.mark.parametrize("name", ["hermes", "llama3", "mistral", "neighbours", "nested", "headed", "filtered"])
 def test_incremental_renders_equal_full_renders(name: str) -> None:
     source = TEMPLATES[name] if name in TEMPLATES else _SOURCES[name]
     tpl = ChatTemplate(source)
