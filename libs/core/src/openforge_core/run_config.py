@@ -59,6 +59,37 @@ class VerlConfig(SettingsSection):
     strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
 
 
+RolePolicy = Literal["train", "skip"]
+
+
+class RolesConfig(SettingsSection):
+    """What the trainer does with the samples of each call role (``Sample.role``, decided by the
+    proxy from each request: main agent, sub-agent, compaction, side call).
+
+    ``train``: the role's samples enter the batch (each sample holds one lineage's calls, or one
+    compaction call; the rollout's reward and its group's statistics count the rollout once,
+    whatever its number of samples). ``skip``: left out and counted
+    (``samples/skipped_role/<role>``).
+
+    Attributes:
+        main: The agent acting on the task.
+        sub_agent: Sub-agent conversations in the same session (Claude Code's Task tool), each
+            its own sample.
+        compaction: Summarising calls whose answer replaces the history, each its own sample.
+        side: Title generation, quota and token-count probes: not the policy acting on the task.
+    """
+
+    main: RolePolicy = "train"
+    sub_agent: RolePolicy = "train"
+    compaction: RolePolicy = "train"
+    side: RolePolicy = "skip"
+
+    def trains(self, role: str) -> bool:
+        """Whether samples of ``role`` (``main``, ``sub_agent``, ``compaction``, ``side``) are trained."""
+        policy: str = getattr(self, role, "train")
+        return policy == "train"
+
+
 class RunConfig(SettingsSection):
     """One training run.
 
@@ -136,6 +167,8 @@ class RunConfig(SettingsSection):
             ``model.enable_gradient_checkpointing``): less memory, about a third more compute.
         sft: Rejection-sampling fine-tuning settings (mode ``sft``).
         verl: Settings of the ``verl`` backend (worker group size, FSDP engine).
+        roles: Which call roles' samples are trained (default: main, sub-agent and compaction
+            samples; side calls are not).
     """
 
     model: str
@@ -187,6 +220,7 @@ class RunConfig(SettingsSection):
     gradient_checkpointing: bool = False
     sft: SftConfig = SftConfig()
     verl: VerlConfig = VerlConfig()
+    roles: RolesConfig = RolesConfig()
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

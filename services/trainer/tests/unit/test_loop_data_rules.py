@@ -38,12 +38,15 @@ class R:
         status: Terminal status.
         failure_reason: Why it failed.
         samples: Samples the store assembled for it.
+        roles: The ``CallRole`` of each sample (empty: none recorded); sample k then merged k + 1
+            calls.
     """
 
     reward: float | None = None
     status: int = common_pb2.ROLLOUT_STATUS_SUCCEEDED
     failure_reason: str = ""
     samples: int = 1
+    roles: tuple[int, ...] = ()
 
 
 def ok(*rewards: float) -> list[R]:
@@ -111,6 +114,8 @@ class ScriptedWorld:
                     rollout_logprobs=[-1.0, -0.5, 0.0],
                     policy_versions=[self.version, self.version, 0],
                     reward=r.reward or 0.0,
+                    role=r.roles[k] if r.roles else 0,
+                    call_ids=[f"{rid}-c{k}-{j}" for j in range(k + 1)] if r.roles else [],
                 )
         return msg
 
@@ -309,3 +314,34 @@ async def test_groups_whose_rollouts_all_lack_a_reward_stop_the_run_instead_of_r
     assert err.value.reason == "ROLLOUTS_PRODUCE_NO_SAMPLES"
     assert "no rollout earns a verifier reward (excluded: failed)" in str(err.value)
     assert len(world.completed) == MAX_EMPTY_GROUPS_IN_A_ROW
+
+
+# ---- call roles ----
+
+_ROLES = (
+    common_pb2.CALL_ROLE_MAIN,
+    common_pb2.CALL_ROLE_SUB_AGENT,
+    common_pb2.CALL_ROLE_COMPACTION,
+    common_pb2.CALL_ROLE_SIDE,
+)
+
+
+async def test_side_calls_are_not_trained_by_default_and_roles_are_counted_per_rollout() -> None:
+    world = ScriptedWorld([[R(reward=1.0, samples=4, roles=_ROLES), R(reward=0.0, samples=4, roles=_ROLES)]], [])
+    [batch], [metrics] = await run_loop(world)
+    assert sorted({s.role for s in batch.samples}) == ["compaction", "main", "sub_agent"]
+    assert len(batch.samples) == 6
+    assert metrics["samples/per_rollout/main"] == metrics["samples/per_rollout/sub_agent"] == 1.0
+    assert metrics["samples/per_rollout/compaction"] == 1.0
+    assert metrics["samples/per_rollout/side"] == 0.0 and metrics["samples/skipped_role/side"] == 2.0
+    # sample k merged k + 1 calls: main 1, sub-agent 2, compaction 3
+    assert [metrics[f"samples/merge_ratio/{r}"] for r in ("main", "sub_agent", "compaction")] == [1.0, 2.0, 3.0]
+    # each rollout counts once in its group, however many samples it has
+    assert metrics["rollouts/trained"] == 2.0
+
+
+async def test_the_role_policy_is_the_run_config_s() -> None:
+    world = ScriptedWorld([[R(reward=1.0, samples=4, roles=_ROLES), R(reward=0.0, samples=4, roles=_ROLES)]], [])
+    [batch], [metrics] = await run_loop(world, roles={"compaction": "skip", "side": "train"})
+    assert sorted({s.role for s in batch.samples}) == ["main", "side", "sub_agent"]
+    assert metrics["samples/skipped_role/compaction"] == 2.0 and metrics["samples/skipped_role/side"] == 0.0

@@ -29,6 +29,14 @@ from openforge_trainer.domain.samples import CompletedGroup, ExcludedRollout, Ex
 
 log = structlog.get_logger(__name__)
 
+#: ``Sample.role`` → :attr:`TrainSample.role` (UNSPECIFIED, from stores before roles: main).
+_ROLES: Final[dict[int, str]] = {
+    common_pb2.CALL_ROLE_MAIN: "main",
+    common_pb2.CALL_ROLE_SUB_AGENT: "sub_agent",
+    common_pb2.CALL_ROLE_COMPACTION: "compaction",
+    common_pb2.CALL_ROLE_SIDE: "side",
+}
+
 #: Inference refused the weights themselves: the file path would refuse them too.
 _REFUSED_WEIGHTS: Final = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.DATA_LOSS}
 
@@ -78,6 +86,7 @@ def group_from_proto(msg: trajectory_pb2.WatchCompletedGroupsResponse) -> Comple
                 policy_versions=tuple(s.policy_versions),
                 reward=rewards[s.rollout_id],
                 calls=len(s.call_ids),
+                role=_ROLES.get(s.role, "main"),
             )
         )
     excluded = tuple(

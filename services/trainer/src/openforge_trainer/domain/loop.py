@@ -60,6 +60,7 @@ from openforge_trainer.domain.ports import (
 )
 from openforge_trainer.domain.samples import (
     EXCLUSION_REASONS,
+    ROLES,
     CompletedGroup,
     ExcludedRollout,
     TrainBatch,
@@ -67,6 +68,7 @@ from openforge_trainer.domain.samples import (
     filter_stale,
     group_metrics,
     is_zero_variance,
+    role_metrics,
     select_for_sft,
     shuffle_rewards,
 )
@@ -108,6 +110,7 @@ class _Collected:
         zero_variance: Of the candidates, groups whose rollouts all have the same reward (RL).
         zero_variance_dropped: Zero-variance groups consumed and not trained on.
         resubmitted: Groups requested again because the orchestrator had lost them.
+        skipped_roles: Samples left out by the run's role policy (``RunConfig.roles``), by role.
     """
 
     cursor: str
@@ -121,6 +124,7 @@ class _Collected:
     zero_variance: int = 0
     zero_variance_dropped: int = 0
     resubmitted: int = 0
+    skipped_roles: dict[str, int] = field(default_factory=dict)
 
     def take(self, group: CompletedGroup, usable: list[TrainSample], ages: list[int]) -> None:
         """Trains on ``group``: its usable samples and their staleness."""
@@ -343,6 +347,8 @@ class TrainingLoop:
         t4 = time.perf_counter()
         metrics.update(group_metrics(groups, pass_threshold=cfg.pass_threshold, pass_k=cfg.pass_k))
         metrics.update(got.metrics(rl=cfg.mode == "rl"))
+        metrics.update(role_metrics(kept))
+        metrics.update({f"samples/skipped_role/{r}": float(got.skipped_roles.get(r, 0)) for r in ROLES})
         metrics.update(
             {
                 "policy_version": float(new_state.policy_version),
@@ -533,7 +539,10 @@ class TrainingLoop:
             pending.discard(group.group_id)
             self._check_not_all_empty(group)
             got.excluded.extend(group.excluded)
-            candidates: list[TrainSample] = list(group.samples)
+            candidates: list[TrainSample] = [s for s in group.samples if cfg.roles.trains(s.role)]
+            for s in group.samples:
+                if not cfg.roles.trains(s.role):
+                    got.skipped_roles[s.role] = got.skipped_roles.get(s.role, 0) + 1
             if cfg.mode == "sft":
                 candidates = select_for_sft(candidates, cfg.sft.min_reward)
             if self._sft_offline:

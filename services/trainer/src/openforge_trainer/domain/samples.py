@@ -48,6 +48,7 @@ class TrainSample:
         reward: The rollout's verifier reward (every sample of a rollout carries the same one;
             a sample exists here only when its rollout has a reward).
         calls: Model calls merged into this sample (``len(Sample.call_ids)``).
+        role: The role of its calls: ``main``, ``sub_agent``, ``compaction`` or ``side``.
     """
 
     sample_id: str
@@ -61,6 +62,7 @@ class TrainSample:
     policy_versions: tuple[int, ...]
     reward: float
     calls: int = 1
+    role: str = "main"
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -277,3 +279,20 @@ def group_metrics(
         out["samples/per_rollout"] = len(samples) / len({s.rollout_id for s in samples})
         out["calls/per_sample"] = statistics.fmean(s.calls for s in samples)
     return {prefix + k: v for k, v in out.items()}
+
+
+#: The call roles a sample can have (``Sample.role``), in metric order.
+ROLES: Final[tuple[str, ...]] = ("main", "sub_agent", "compaction", "side")
+
+
+def role_metrics(samples: Sequence[TrainSample]) -> dict[str, float]:
+    """Per call role: samples per rollout (over the rollouts with a trained sample) and model calls
+    per sample, the merge ratio (``samples/per_rollout/<role>``, ``samples/merge_ratio/<role>``);
+    a role with no sample gives 0 for both."""
+    rollouts = len({s.rollout_id for s in samples})
+    out: dict[str, float] = {}
+    for role in ROLES:
+        mine = [s for s in samples if s.role == role]
+        out[f"samples/per_rollout/{role}"] = len(mine) / rollouts if rollouts else 0.0
+        out[f"samples/merge_ratio/{role}"] = sum(s.calls for s in mine) / len(mine) if mine else 0.0
+    return out
