@@ -5,6 +5,8 @@ sub-agent, probes)."""
 from __future__ import annotations
 
 import copy
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,8 +18,9 @@ from openforge_proxy.adapters.publisher import event_bytes
 from openforge_proxy.domain.call_roles import CallRole, LineageTracker, static_role
 from openforge_proxy.domain.conversation import CanonicalRequest
 from openforge_proxy.domain.protocols import anthropic, chat, responses
-from openforge_testing.captures import load_run, run_dir, run_names, samples_of
+from openforge_testing.captures import CAPTURES, load_run, run_dir, run_names, samples_of
 
+CAPTURES_BENCH = Path(__file__).resolve().parents[4] / "tools" / "bench" / "call_roles_bench.py"
 _PARSERS = {"/v1/messages": anthropic, "/v1/chat/completions": chat, "/v1/responses": responses}
 
 
@@ -111,3 +114,17 @@ def test_the_published_record_carries_role_and_lineage(role: CallRole) -> None:
     rec = events_pb2.CallRecorded.FromString(event_bytes(data)).record
     assert common_pb2.CallRole.Name(rec.role) == "CALL_ROLE_" + role.name
     assert rec.lineage_id == "l1"
+
+
+def test_the_roles_benchmark_counts_one_main_sample_per_lineage() -> None:
+    spec = importlib.util.spec_from_file_location("call_roles_bench", CAPTURES_BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.table(CAPTURES)
+    assert {"claude-code", "codex", "mini-swe-agent", "openclaw"} <= set(rows)
+    for row in rows.values():
+        main = row["main"]
+        assert main["samples_per_rollout"] >= 1.0
+        assert main["merge_ratio"] == pytest.approx(main["calls_per_rollout"] / main["samples_per_rollout"])
+        assert row["side"]["requests_per_rollout"] == row["sub_agent"]["requests_per_rollout"] == 0.0
