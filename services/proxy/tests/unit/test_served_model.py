@@ -62,15 +62,16 @@ def test_a_tokenizer_other_than_inferences_is_refused(info: ModelInfo, tmp_path:
 
 
 def test_a_template_of_no_known_family_is_refused_naming_what_it_lacks(info: ModelInfo) -> None:
-    mistral = "{{ '[INST] ' + message['content'] + ' [/INST]' }}{{ '[TOOL_CALLS]' }}"
+    harmony = "{{ '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' }}"
     with pytest.raises(FailedPrecondition) as err:
-        ModelRuntime.load(dataclasses.replace(info, chat_template=mistral))
+        ModelRuntime.load(dataclasses.replace(info, chat_template=harmony))
     assert err.value.reason == "BAD_FAMILY"
     assert "hermes needs <|im_start|>, <tool_call>" in err.value.message
     assert "llama3 needs <|start_header_id|>, <|end_header_id|>, <|eot_id|>, tool_calls" in err.value.message
     assert "glm45 needs <|user|>, <|assistant|>, <|observation|>, <tool_call>, <arg_key>" in err.value.message
-    with pytest.raises(FailedPrecondition, match="unknown model family 'mistral'"):
-        ModelRuntime.load(info, family="mistral")
+    assert "mistral needs [INST]" in err.value.message
+    with pytest.raises(FailedPrecondition, match="unknown model family 'gpt-oss'"):
+        ModelRuntime.load(info, family="gpt-oss")
 
 
 class _Engine:
