@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from openforge_core.errors import ResourceExhausted
 from openforge_inference.engines.base import CheckpointError
 
 #: A pushed file's name: a plain ``*.safetensors`` name, no directory part, no leading dot.
@@ -104,11 +105,20 @@ class PushStaging:
         Raises:
             CheckpointError: Bad declared files (:func:`check_files`), or fewer or more bytes
                 than declared. The folder is removed; the rest of ``chunks`` is not read.
+            ResourceExhausted: The declared bytes do not fit in the staging folder's filesystem
+                (a container's ``/dev/shm`` is 64 MiB unless sized: set ``OPENFORGE_PUSH_DIR``).
         """
         total = check_files(files, self._max_bytes)
         folder = await asyncio.to_thread(self._new_folder)
         received = 0
         try:
+            free = (await asyncio.to_thread(shutil.disk_usage, folder)).free
+            if total > free:
+                raise ResourceExhausted(
+                    f"a push of {total} bytes does not fit in {folder.parent} ({free} bytes free); "
+                    "set OPENFORGE_PUSH_DIR to a larger filesystem",
+                    reason="PUSH_DIR_FULL",
+                )
             index, left = 0, files[0].size
             handle = await asyncio.to_thread((folder / files[0].name).open, "wb")
             try:

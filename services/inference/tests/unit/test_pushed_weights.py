@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from openforge_core.errors import ResourceExhausted
 from openforge_inference.engines.base import CheckpointError
 from openforge_inference.pushed_weights import PushedFile, PushStaging, check_files
 
@@ -69,6 +70,13 @@ def test_a_stream_that_does_not_match_its_header_leaves_nothing(
 def test_bad_declared_files_are_refused(files: list[PushedFile], words: str) -> None:
     with pytest.raises(CheckpointError, match=words):
         check_files(files, max_bytes=100)
+
+
+def test_a_push_larger_than_the_free_space_is_refused_before_any_byte(tmp_path: Path) -> None:
+    staging = PushStaging(tmp_path, max_bytes=1 << 60)
+    with pytest.raises(ResourceExhausted, match="OPENFORGE_PUSH_DIR"):
+        _receive(staging, [PushedFile("m.safetensors", 1 << 55)], [b"x"])
+    assert [list(base.iterdir()) for base in tmp_path.iterdir()] == [[]]
 
 
 def test_only_the_serving_push_is_kept(tmp_path: Path) -> None:
