@@ -55,9 +55,11 @@ async def _messages(
         yield part
 
 
-def _header(version: int, files: list[tuple[str, int]], checksum: str = "") -> inference_pb2.PushWeightsRequest:
+def _header(
+    version: int, files: list[tuple[str, int]], checksum: str = "", request_id: str = ""
+) -> inference_pb2.PushWeightsRequest:
     header = inference_pb2.PushWeightsHeader(
-        request_id=f"bad-{version}-{len(files)}",
+        request_id=request_id or f"bad-{version}-{len(files)}",
         version=version,
         checksum=checksum,
         files=[inference_pb2.PushedFile(name=n, size=s) for n, s in files],
@@ -101,6 +103,7 @@ def test_pushed_weights_serve_as_the_checkpoint_read_from_its_path(
             refusals = {
                 "no header": [chunk],
                 "bad name": [_header(2, [("../m.safetensors", size)]), *[chunk] * 8],
+                "bad request id": [_header(2, [("model.safetensors", size)], request_id=" x"), *[chunk] * 8],
                 "short": [_header(2, [("model.safetensors", size)]), inference_pb2.PushWeightsRequest(chunk=b"x")],
                 "old version": [_header(1, [("model.safetensors", 1)]), inference_pb2.PushWeightsRequest(chunk=b"x")],
             }
@@ -131,6 +134,7 @@ def test_pushed_weights_serve_as_the_checkpoint_read_from_its_path(
     assert out["codes"] == {
         "no header": grpc.StatusCode.INVALID_ARGUMENT,
         "bad name": grpc.StatusCode.INVALID_ARGUMENT,
+        "bad request id": grpc.StatusCode.INVALID_ARGUMENT,
         "short": grpc.StatusCode.INVALID_ARGUMENT,
         "old version": grpc.StatusCode.INVALID_ARGUMENT,
         "checksum": grpc.StatusCode.DATA_LOSS,

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -48,7 +49,9 @@ def check_files(files: Sequence[PushedFile], max_bytes: int) -> int:
 
     Raises:
         CheckpointError: No file, a name that is not a plain ``*.safetensors`` name, a name twice,
-            files not sorted by name, a negative size, or more than ``max_bytes`` in all.
+            files not sorted by name, or a negative size.
+        ResourceExhausted: More than ``max_bytes`` in all (the client falls back to the file
+            path).
     """
     if not files:
         raise CheckpointError("files", "a push declares at least one *.safetensors file")
@@ -64,7 +67,10 @@ def check_files(files: Sequence[PushedFile], max_bytes: int) -> int:
         raise CheckpointError("files", "files must be sorted by name (the checksum's order)")
     total = sum(f.size for f in files)
     if total > max_bytes:
-        raise CheckpointError("files", f"{total} bytes declared, more than the limit of {max_bytes}")
+        raise ResourceExhausted(
+            f"{total} bytes declared, more than the limit of {max_bytes} (OPENFORGE_PUSH_MAX_GIB)",
+            reason="PUSH_TOO_LARGE",
+        )
     return total
 
 
@@ -82,8 +88,13 @@ class PushStaging:
         self._max_bytes = max_bytes
         self._base: Path | None = None
         self._serving: Path | None = None
+        self._lock = threading.Lock()
 
     def _new_folder(self) -> Path:
+        with self._lock:  # two first pushes at once share one base folder
+            return self._new_folder_locked()
+
+    def _new_folder_locked(self) -> Path:
         if self._base is None:
             parent = self._root or default_root()
             parent.mkdir(parents=True, exist_ok=True)
@@ -159,6 +170,12 @@ class PushStaging:
                 shutil.rmtree(previous, ignore_errors=True)
         elif folder != self._serving:
             shutil.rmtree(folder, ignore_errors=True)
+
+    def release_serving(self) -> None:
+        """The engine serves weights from elsewhere now: the folder that served is removed."""
+        previous, self._serving = self._serving, None
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
 
     def close(self) -> None:
         """Removes every folder of this process."""

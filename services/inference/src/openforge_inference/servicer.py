@@ -14,6 +14,7 @@ import datetime
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -241,6 +242,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         if request.request_id and request.request_id in self._updates:
             return self._updates[request.request_id]
         took = await engine.update_weights(request.uri, request.version, request.checksum)
+        if took.total_seconds() > 0:
+            self._pushes.release_serving()  # the engine serves (and restores from) the file now
         info = await engine.model_info()
         resp = inference_pb2.UpdateWeightsResponse(version=info.policy_version, load_time=_duration(took))
         _remember(self._updates, request.request_id, resp)
@@ -261,9 +264,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         A refused stream is read to its end before the error is returned (a gRPC aio client
         still sending when the call ends gets INTERNAL instead of the error's own status).
         """
-        engine = self._require()
         messages = aiter(request_iterator)
         try:
+            engine = self._require()
             first = await anext(messages, None)
             if first is None or first.WhichOneof("part") != "header":
                 raise CheckpointError("header", "a PushWeights stream starts with its header")
@@ -275,18 +278,27 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         finally:
             async for _ in messages:  # drain what a refused stream still sends
                 pass
+        # The load and the clean-up run to their end even when the call is cancelled (a client
+        # gone or past its deadline): a cancelled load would leave the engine reading a folder
+        # that the clean-up removes.
+        took = await asyncio.shield(asyncio.ensure_future(self._load_pushed(engine, folder, header)))
+        info = await engine.model_info()
+        resp = inference_pb2.PushWeightsResponse(version=info.policy_version, load_time=_duration(took), bytes=received)
+        _remember(self._pushed, header.request_id, resp)
+        if self._on_weights is not None and took.total_seconds() > 0:
+            await self._on_weights(folder.as_uri(), info.policy_version, header.checksum)
+        return resp
+
+    async def _load_pushed(
+        self, engine: Engine, folder: Path, header: inference_pb2.PushWeightsHeader
+    ) -> datetime.timedelta:
         served = False
         try:
             took = await engine.update_weights(str(folder), header.version, header.checksum)
             served = took.total_seconds() > 0
         finally:
             self._pushes.settle(folder, serving=served)
-        info = await engine.model_info()
-        resp = inference_pb2.PushWeightsResponse(version=info.policy_version, load_time=_duration(took), bytes=received)
-        _remember(self._pushed, header.request_id, resp)
-        if self._on_weights is not None and served:
-            await self._on_weights(folder.as_uri(), info.policy_version, header.checksum)
-        return resp
+        return took
 
     def close(self) -> None:
         """Removes the staged pushed checkpoints."""

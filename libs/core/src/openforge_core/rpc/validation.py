@@ -168,7 +168,8 @@ class RequestValidationInterceptor(GuardingInterceptor):
 def _checked_client_stream(
     handler: grpc.RpcMethodHandler[Any, Any], deserializer: Any
 ) -> grpc.RpcMethodHandler[Any, Any]:
-    """A client-streaming handler whose messages are each checked as the handler reads them."""
+    """A client-streaming handler whose messages are each checked as the handler reads them; a
+    refused stream is read to its end before its error is returned."""
     inner: Any = handler.stream_unary
 
     async def checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> Any:
@@ -177,7 +178,14 @@ def _checked_client_stream(
                 check_request(request)
                 yield request
 
-        return await inner(each(), context)
+        try:
+            return await inner(each(), context)
+        except Exception:
+            # read what the client still sends (a gRPC aio client still sending when the call
+            # ends gets INTERNAL instead of the status raised here)
+            async for _ in requests:
+                pass
+            raise
 
     return grpc.stream_unary_rpc_method_handler(
         checked, request_deserializer=deserializer, response_serializer=handler.response_serializer
