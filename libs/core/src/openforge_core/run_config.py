@@ -159,12 +159,13 @@ class RunConfig(SettingsSection):
         backend: Trainer backend name (``torch``).
         device: Torch device of the backend (``cpu``, ``cuda``, ``cuda:1``).
         precision: ``fp32``, or ``bf16`` mixed precision: fp32 master weights, optimizer state
-            and gradients, forward and backward under bf16 autocast, logprobs in fp32 (PyTorch
+            and gradients, forward and backward under bf16 autocast, the log-softmax on the logits cast to fp32 (PyTorch
             AMP practice; veRL's FSDP ``mixed_precision`` param_dtype bf16, reduce and buffers
             fp32). ``auto`` is bf16 on a CUDA device that supports it, fp32 elsewhere.
         gradient_checkpointing: Recompute activations in the backward pass instead of keeping
             them (transformers' ``gradient_checkpointing_enable``, non-reentrant; veRL's
             ``model.enable_gradient_checkpointing``): less memory, about a third more compute.
+            None keeps the backend's own default (torch: off; verl: veRL's, on).
         sft: Rejection-sampling fine-tuning settings (mode ``sft``).
         verl: Settings of the ``verl`` backend (worker group size, FSDP engine).
         roles: Which call roles' samples are trained (default: main, sub-agent and compaction
@@ -217,7 +218,7 @@ class RunConfig(SettingsSection):
     backend: str = "torch"
     device: str = "cpu"
     precision: Literal["auto", "fp32", "bf16"] = "auto"
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool | None = None
     sft: SftConfig = SftConfig()
     verl: VerlConfig = VerlConfig()
     roles: RolesConfig = RolesConfig()

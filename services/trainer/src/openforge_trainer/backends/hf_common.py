@@ -24,8 +24,9 @@ MODEL_FILES: Final = {"config.json", "generation_config.json", "model.safetensor
 def uses_bf16(precision: str, device: str) -> bool:
     """Whether a run config's ``precision`` means bf16 mixed precision on ``device``.
 
-    ``auto`` is bf16 on a CUDA device that supports it (``torch.cuda.is_bf16_supported``: compute
-    capability 8.0 and up), fp32 on CPU, where bf16 autocast is slower than fp32 on most CPUs.
+    ``auto`` is bf16 on a CUDA device with native bf16 (compute capability 8.0 and up: Ampere and
+    later; older GPUs only emulate it), fp32 elsewhere, CPU included, where bf16 autocast is slower
+    than fp32 on most CPUs.
     """
     if precision != "auto":
         return precision == "bf16"
@@ -33,7 +34,9 @@ def uses_bf16(precision: str, device: str) -> bool:
         return False
     import torch
 
-    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if not torch.cuda.is_available():
+        return False
+    return bool(torch.cuda.get_device_capability(torch.device(device)) >= (8, 0))
 
 
 def save_checkpoint(model: Any, optimizer: Any, model_dir: Path | None, directory: Path) -> None:

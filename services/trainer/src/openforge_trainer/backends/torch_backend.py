@@ -385,7 +385,7 @@ class TorchBackend:
         source = checkpoint_dir or model_dir
         model: Any = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
         model.to(self._device)
-        if self._config.gradient_checkpointing:
+        if self._config.gradient_checkpointing:  # None: off, this backend's default
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         self._model = model
@@ -566,7 +566,8 @@ class TorchBackend:
         import torch
 
         # bf16: the forward (and so its backward) under autocast, the weights, gradients and
-        # optimizer state stay fp32; the log-softmax runs on fp32 logits.
+        # optimizer state stay fp32; the log-softmax runs on the logits cast to fp32 (they were
+        # computed, and so rounded, in bf16).
         with torch.autocast(self._device.type, dtype=torch.bfloat16, enabled=self._bf16):
             logits = response_logits(model, mb, self._config.temperature)
         logits = logits.float()

@@ -102,13 +102,15 @@ def _validate(config: RunConfig) -> None:
 def _model_settings(config: RunConfig) -> dict[str, Any]:
     """``actor_rollout_ref.model``: padding-free packed forward only with flash-attention (GPU)."""
     packed = config.device != "cpu" and verl_worker.has_flash_attention()
-    return {
+    settings: dict[str, Any] = {
         "path": config.model,
         "use_remove_padding": packed,
         "override_config": {"attn_implementation": "flash_attention_2" if packed else "sdpa"},
         "load_tokenizer": False,  # samples arrive as token ids; tokenizer files are copied
-        "enable_gradient_checkpointing": config.gradient_checkpointing,
     }
+    if config.gradient_checkpointing is not None:  # None: veRL's default
+        settings["enable_gradient_checkpointing"] = config.gradient_checkpointing
+    return settings
 
 
 def verl_config(config: RunConfig) -> dict[str, Any]:
