@@ -152,6 +152,8 @@ class RolloutSpec:
         max_turns: Most model calls per rollout (0 = no limit).
         max_total_tokens: Most tokens per rollout (0 = no limit).
         timeout_s: Rollout time limit, seconds (0 = the task's own).
+        seed: Sampling seed of the submission (the orchestrator derives one per rollout from
+            it, the proxy one per call); None = unseeded.
     """
 
     harness: str
@@ -161,6 +163,7 @@ class RolloutSpec:
     max_turns: int = 0
     max_total_tokens: int = 0
     timeout_s: float = 0.0
+    seed: int | None = None
 
 
 async def run_rollouts(
@@ -209,6 +212,8 @@ async def run_rollouts(
             min_policy_version=min_policy_version,
             sampling=common_pb2.SamplingParams(temperature=spec.temperature, max_tokens=spec.max_tokens),
         )
+        if spec.seed is not None:
+            req.sampling.seed = spec.seed
         if spec.max_turns or spec.max_total_tokens:
             req.limits.CopyFrom(
                 orchestrator_pb2.RolloutLimits(max_turns=spec.max_turns, max_total_tokens=spec.max_total_tokens)

@@ -14,6 +14,7 @@ from pydantic import Field, ValidationError
 from openforge_cli.eval import RolloutSpec, split_tasks
 from openforge_core.engine_names import ENGINE_NAMES
 from openforge_core.run_config import RunConfig
+from openforge_core.seeds import EVAL_SEED_KEY, request_seed
 from openforge_core.settings import SettingsSection
 
 #: The evaluations around the RL run: (key, label); recorded under :func:`eval_run_id`.
@@ -140,8 +141,11 @@ class TrainConfig(SettingsSection):
         return list(self.eval.tasks) or split_tasks(self.tasks_root_path, self.eval.split)
 
     def rollout_spec(self) -> RolloutSpec:
-        """Harness, sampling and limits of the RL run, for evaluation rollouts."""
+        """Harness, sampling and limits of the RL run, for evaluation rollouts: seeded as the
+        trainer seeds its own evaluations (``run.seed``, unless ``run.seeded_sampling`` is false),
+        so the evaluations before and after RL sample each task with the same seeds."""
         r = self.run
+        seeded = bool(r.get("seeded_sampling", True))
         return RolloutSpec(
             harness=self.harness,
             model_name=str(r.get("model_name", "policy")),
@@ -150,6 +154,7 @@ class TrainConfig(SettingsSection):
             max_turns=int(r.get("max_turns", 0)),
             max_total_tokens=int(r.get("max_total_tokens", 0)),
             timeout_s=float(r.get("rollout_timeout_s", 0.0)),
+            seed=request_seed(int(r.get("seed", 0)), EVAL_SEED_KEY) if seeded else None,
         )
 
     def rl_run_config(self, model: Path) -> dict[str, Any]:

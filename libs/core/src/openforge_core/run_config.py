@@ -143,7 +143,7 @@ class RunConfig(SettingsSection):
             earned the same reward (GRPO/RLOO advantage 0 everywhere) is not trained on and
             another group is requested in its place (``groups/zero_variance_dropped``).
         shuffle_rewards: A negative control: before advantages, the rewards of each group's
-            rollouts are permuted among them (seeded by ``seed`` and the group id); a run that
+            rollouts are permuted among them (seeded by ``seed`` and the group's request and position); a run that
             still improves under it improves for some other reason than its rewards. Metrics
             keep the true rewards.
         max_zero_variance_refills: Most zero-variance groups replaced per step when
@@ -154,7 +154,14 @@ class RunConfig(SettingsSection):
         eval_interval: Evaluate every this many steps (0 = never).
         pass_threshold: A rollout passes when its reward is >= this (pass@k, pass^k).
         pass_k: The k values of pass@k and pass^k (each <= group_size).
-        seed: Seed of task order and of torch.
+        seed: Seed of task order, of torch and, with ``seeded_sampling``, of sampling.
+        seeded_sampling: Every model call samples with a seed derived from ``seed``
+            (:func:`openforge_core.seeds.derive_seed`: the submission's key, the task's position,
+            the rollout's index in its group, the call), so a run sampled again on the same
+            engine samples the same tokens (up to the engine's numerics across batch shapes), the
+            rollouts of a group still differ, and the evaluations before and after training
+            sample each task's rollouts with the same seeds (a paired comparison). False: the
+            engines' own random seeds.
         rollout_timeout_s: Overrides the task timeout (0 = the task's own).
         backend: Trainer backend name (``torch``).
         device: Torch device of the backend (``cpu``, ``cuda``, ``cuda:1``).
@@ -214,6 +221,7 @@ class RunConfig(SettingsSection):
     pass_threshold: float = 1.0
     pass_k: list[int] = Field(default_factory=lambda: [1])
     seed: int = 0
+    seeded_sampling: bool = True
     rollout_timeout_s: float = Field(default=0.0, ge=0)
     backend: str = "torch"
     device: str = "cpu"

@@ -1,6 +1,7 @@
 """The trainer's ``SamplingParams`` go through the orchestrator as the one message: into the
-rollout, out to the proxy's ``CreateSession`` and the run's manifest, unchanged (``seed`` an
-int64 throughout, never the string JSON would make of it)."""
+rollout, out to the proxy's ``CreateSession`` (with the rollout's own seed, derived from the
+submission's) and the run's manifest, unchanged (``seed`` an int64 throughout, never the string
+JSON would make of it)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, cast
 from openforge.common.v1 import common_pb2
 from openforge.orchestrator.v1 import orchestrator_pb2
 from openforge.proxy.v1 import proxy_pb2
+from openforge_core.seeds import derive_seed
 from openforge_orchestrator.adapters.events import run_manifest
 from openforge_orchestrator.adapters.proxy import ProxySessions
 from openforge_orchestrator.domain.rollouts import Rollout, RolloutRegistry
@@ -47,12 +49,13 @@ class _ProxyStub:
         return proxy_pb2.CreateSessionResponse(api_key="ofk-x")
 
 
-async def _accept(sampling: common_pb2.SamplingParams | None) -> list[Rollout]:
-    """``SubmitRollouts`` (one task, a group of 2) through the servicer; the rollouts accepted."""
+async def _accept(sampling: common_pb2.SamplingParams | None, tasks: int = 1) -> list[Rollout]:
+    """``SubmitRollouts`` (``tasks`` tasks, groups of 2) through the servicer; the rollouts
+    accepted, in task then group order."""
     request = orchestrator_pb2.SubmitRolloutsRequest(
         request_id="q1",
         run_id="run",
-        tasks=[orchestrator_pb2.TaskRef(task_id="t1", task_set="train")],
+        tasks=[orchestrator_pb2.TaskRef(task_id=f"t{i}", task_set="train") for i in range(tasks)],
         group_size=2,
         harness="mini-swe-agent",
         model_name="policy",
@@ -84,12 +87,26 @@ async def test_the_trainers_message_reaches_the_proxy_session_and_the_manifest_u
     for rollout in rollouts:
         assert isinstance(rollout.sampling, common_pb2.SamplingParams) and rollout.sampling == sent
         assert type(rollout.sampling.seed) is int and rollout.sampling.seed == SEED
-    request = await _create_session_request(rollouts[0])
-    assert request.HasField("sampling") and request.sampling == sent
-    assert request.harness == "mini-swe-agent"  # the proxy counts its answers by it
-    assert type(request.sampling.seed) is int and request.sampling.seed == SEED
+    sessions = [await _create_session_request(r) for r in rollouts]
+    for index, request in enumerate(sessions):
+        assert request.HasField("sampling")
+        assert request.harness == "mini-swe-agent"  # the proxy counts its answers by it
+        # the session samples with the rollout's own seed (task 0, its index), the rest as sent
+        assert type(request.sampling.seed) is int and request.sampling.seed == derive_seed(SEED, "rollout", 0, index)
+        request.sampling.seed = SEED
+        assert request.sampling == sent
     manifest = run_manifest(rollouts[0])
     assert manifest.sampling == sent and manifest.sampling.seed == SEED
+
+
+async def test_each_rollout_of_a_seeded_submission_has_its_own_seed_and_a_resubmission_the_same() -> None:
+    sent = common_pb2.SamplingParams(temperature=1.0, seed=7)
+    first, again = await _accept(sent, tasks=3), await _accept(sent, tasks=3)
+    seeds = [r.seed for r in first]
+    assert len(set(seeds)) == 6 and all(s is not None and 0 <= s < 2**63 for s in seeds)
+    assert seeds == [r.seed for r in again]  # other rollout ids, the same seeds
+    assert {r.rollout_id for r in first}.isdisjoint(r.rollout_id for r in again)
+    assert [r.seed for r in await _accept(common_pb2.SamplingParams(temperature=1.0))] == [None, None]
 
 
 async def test_no_sampling_or_an_empty_message_enforces_none() -> None:

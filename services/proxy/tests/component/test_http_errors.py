@@ -233,9 +233,10 @@ async def test_encodings_routes_and_enforced_sampling(model_dir: Path, start_pro
         assert reply.status == 200, reply.body
         assert reply.json()["choices"][0]["message"]["content"] == "hi there"
     s = fake.seen[0].sampling
-    assert (round(s.temperature, 3), round(s.top_p, 3), s.seed) == (0.7, 0.9, 5)
+    assert (round(s.temperature, 3), round(s.top_p, 3)) == (0.7, 0.9)
+    assert s.seed != 5 and 0 <= s.seed < 2**63  # the call's own seed, derived from the session's
     recorded = proxy.recorder.records[0].sampling  # the same value the engine got, seed an int
-    assert (recorded.temperature, recorded.top_p, recorded.seed) == (0.7, 0.9, 5) and type(recorded.seed) is int
+    assert (recorded.temperature, recorded.top_p, recorded.seed) == (0.7, 0.9, s.seed) and type(recorded.seed) is int
     assert (await proxy.post("/messages", anthropic_body(), key=key)).status == 200
     models = await proxy.get("/v1/models", headers={"x-api-key": key, "anthropic-version": "2023-06-01"})
     assert models.status == 200 and models.json()["data"][0]["type"] == "model"
@@ -243,6 +244,29 @@ async def test_encodings_routes_and_enforced_sampling(model_dir: Path, start_pro
     counted = await proxy.post("/v1/messages/count_tokens", anthropic_body(), key=key)
     assert counted.status == 200 and counted.json()["input_tokens"] > 10
     assert (await proxy.get("/v1/nothing")).status == 404
+
+
+async def test_each_call_samples_with_its_own_seed_and_the_same_call_again_with_the_same(
+    model_dir: Path, start_proxy: Any
+) -> None:
+    fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "ok")
+    proxy = await start_proxy(fake)
+    first, nxt = chat_body(stream=False), chat_body(stream=False)
+    nxt["messages"].append({"role": "assistant", "content": "ok"})
+    nxt["messages"].append({"role": "user", "content": "again"})
+    sessions = {"a": proxy.session("a", seed=11), "b": proxy.session("b", seed=11), "c": proxy.session("c", seed=12)}
+    for key in sessions.values():
+        for body in (first, first, nxt):  # a call, its retry, the next call
+            assert (await proxy.post(CHAT, body, key=key, bearer=True)).status == 200
+    seeds = [r.sampling.seed for r in fake.seen]
+    a, b, c = seeds[0:3], seeds[3:6], seeds[6:9]
+    assert a[0] == a[1] != a[2]  # a retry samples as the call did; the next call differently
+    assert a == b  # the same session seed and calls: the same seeds
+    assert set(c).isdisjoint(a)  # another session seed: others
+    assert all(0 <= x < 2**63 for x in seeds)
+    unseeded = proxy.session("d", temperature=1.0)
+    assert (await proxy.post(CHAT, first, key=unseeded, bearer=True)).status == 200
+    assert not fake.seen[-1].sampling.HasField("seed")
 
 
 async def test_streams_in_exact_event_order(model_dir: Path, start_proxy: Any) -> None:

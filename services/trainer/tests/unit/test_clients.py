@@ -13,6 +13,7 @@ from openforge.common.v1 import common_pb2
 from openforge.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from openforge_core.errors import InvalidArgument
 from openforge_core.run_config import RunConfig
+from openforge_core.seeds import request_seed
 from openforge_trainer.adapters.clients import OrchestratorClient
 from openforge_trainer.domain.config import parse_run_config
 from openforge_trainer.domain.loop import LoopDeps, TrainingLoop
@@ -98,7 +99,9 @@ async def test_the_run_sampling_and_limits_go_into_submit_rollouts(
     assert req.sampling.HasField("temperature") and req.sampling.temperature == pytest.approx(0.7)
     assert req.sampling.max_tokens == 48
     assert not req.sampling.HasField("top_p") and not req.sampling.HasField("top_k")
-    assert not req.sampling.HasField("seed")  # a fixed seed would make a group's rollouts identical
+    # the request's seed, from the run seed and the request key; the orchestrator derives one per
+    # rollout from it (a seed shared by a group's rollouts would make them identical)
+    assert req.sampling.seed == request_seed(0, "step/1")
     assert (req.limits.max_turns, req.limits.max_tokens_per_call, req.limits.max_total_tokens) == (5, 0, 4096)
     assert list(req.command) == ["python3", "-c", "print('{model}')"]
     assert req.timeout.seconds == 90 and req.timeout.nanos == 500_000_000
@@ -117,6 +120,18 @@ async def test_the_default_temperature_is_still_enforced(orchestrator: tuple[Rec
     assert req.sampling.HasField("temperature") and req.sampling.temperature == 1.0
     assert req.sampling.max_tokens == 0
     assert not req.HasField("limits") and list(req.command) == []
+
+
+async def test_a_run_without_seeded_sampling_sends_no_seed(orchestrator: tuple[RecordingOrchestrator, str]) -> None:
+    servicer, target = orchestrator
+    config = parse_run_config({"model": "m", "tasks": ["a"], "steps": 1, "seed": 7, "seeded_sampling": False})
+    client = OrchestratorClient(target, timeout_s=5)
+    try:
+        await _loop(config, client)._submit_ahead()
+    finally:
+        await client.close()
+    (req,) = servicer.requests
+    assert not req.sampling.HasField("seed")
 
 
 async def test_cancel_group_sends_the_reason_and_a_group_the_orchestrator_lost_is_nothing_to_cancel(

@@ -3,7 +3,9 @@ orchestrator/store whose groups go through ``group_from_proto`` as the store's m
 
 * rollouts without a verifier reward never reach the backend, and are counted by reason;
 * zero-variance groups are counted and, with dynamic sampling (DAPO, arXiv:2503.14476), set
-  aside and replaced by refills, at most ``max_zero_variance_refills`` per step.
+  aside and replaced by refills, at most ``max_zero_variance_refills`` per step;
+* a run is reproducible: each submission carries a seed derived from the run seed and its key,
+  and a step's batch is in request order whatever order its groups and samples arrive in.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from loop_fakes import MemoryCheckpoints, RecordingBackend, completed_after
 from openforge.common.v1 import common_pb2
 from openforge.trajectory.v1 import trajectory_pb2
 from openforge_core.run_config import RunConfig
+from openforge_core.seeds import EVAL_SEED_KEY, request_seed
 from openforge_trainer.adapters.clients import group_from_proto
 from openforge_trainer.domain.loop import LoopDeps, TrainingLoop
 from openforge_trainer.domain.ports import RolloutRequest
@@ -63,7 +66,8 @@ class ScriptedWorld:
         default: Rollouts of every later group.
     """
 
-    def __init__(self, script: list[list[R]], default: list[R]) -> None:
+    def __init__(self, script: list[list[R]], default: list[R], *, reverse: bool = False) -> None:
+        self.reverse = reverse  # each request's groups complete last first, their samples too
         self.script = list(script)
         self.default = default
         self.requests: list[RolloutRequest] = []
@@ -75,12 +79,18 @@ class ScriptedWorld:
     async def submit(self, request: RolloutRequest) -> list[str]:
         self.requests.append(request)
         ids = []
+        groups = []
         for task in request.task_ids:
-            seq = len(self.completed) + 1
+            seq = len(self.completed) + len(groups) + 1
             spec = self.script.pop(0) if self.script else self.default
-            group = group_from_proto(self.message(f"g{seq}", task, spec, seq))
-            self.completed.append(group)
-            ids.append(group.group_id)
+            msg = self.message(f"g{seq}", task, spec, seq)
+            if self.reverse:
+                samples = list(msg.samples)[::-1]
+                del msg.samples[:]
+                msg.samples.extend(samples)
+            groups.append(group_from_proto(msg))
+            ids.append(groups[-1].group_id)
+        self.completed.extend(groups[::-1] if self.reverse else groups)
         async with self.changed:
             self.changed.notify_all()
         return ids
@@ -345,3 +355,37 @@ async def test_the_role_policy_is_the_run_config_s() -> None:
     [batch], [metrics] = await run_loop(world, roles={"compaction": "skip", "side": "train"})
     assert sorted({s.role for s in batch.samples}) == ["main", "side", "sub_agent"]
     assert metrics["samples/skipped_role/compaction"] == 2.0 and metrics["samples/skipped_role/side"] == 0.0
+
+
+# ---- reproducible runs ----
+
+
+async def test_each_submission_is_seeded_from_the_run_seed_and_its_key() -> None:
+    world = ScriptedWorld([], default=ok(1.0, 0.0))
+    await run_loop(world, steps=2, groups_per_step=1, seed=5, max_staleness=0)
+    assert [r.request_id for r in world.requests] == ["run/step/1", "run/step/2"]
+    assert [r.seed for r in world.requests] == [request_seed(5, "step/1"), request_seed(5, "step/2")]
+    assert request_seed(5, "step/1") != request_seed(6, "step/1")
+    world = ScriptedWorld([], default=ok(1.0, 0.0))
+    await run_loop(world, steps=2, seed=5, seeded_sampling=False)
+    assert [r.seed for r in world.requests] == [None, None]
+
+
+async def test_every_evaluation_samples_with_the_same_seed() -> None:
+    world = ScriptedWorld([], default=ok(1.0, 0.0))
+    await run_loop(world, steps=2, eval_interval=1, eval_split="test", eval_tasks=["e"], seed=3, max_staleness=0)
+    evals = [r for r in world.requests if "/eval/" in r.request_id]
+    assert len(evals) >= 2 and len({r.request_id for r in evals}) == len(evals)
+    assert {r.seed for r in evals} == {request_seed(3, EVAL_SEED_KEY)}
+
+
+async def test_a_step_trains_its_groups_and_samples_in_request_order_whatever_order_they_complete_in() -> None:
+    script = [[R(reward=1.0, samples=2), R(reward=0.0)], ok(0.0, 1.0), ok(0.5, 0.0)]
+    batches = []
+    for reverse in (False, True):
+        world = ScriptedWorld(script, default=ok(1.0, 0.0), reverse=reverse)
+        [batch], _ = await run_loop(world, groups_per_step=3, tasks=["a", "b", "c"], shuffle_rewards=True, seed=1)
+        batches.append(batch)
+    in_order, reversed_ = ([(s.sample_id, s.reward) for s in b.samples] for b in batches)
+    assert in_order == reversed_
+    assert [sid for sid, _ in in_order] == ["g1-r0/0", "g1-r0/1", "g1-r1/0", "g2-r0/0", "g2-r1/0", "g3-r0/0", "g3-r1/0"]

@@ -39,7 +39,8 @@ class ProxySessions:
         self._stub = proxy_pb2_grpc.ProxyServiceStub(self._channel)
 
     async def open(self, rollout: Rollout, attempt: int, ttl_s: float) -> OpenedSession:
-        """Opens the rollout's session with its limits and sampling; returns the key and what the
+        """Opens the rollout's session with its limits and sampling (the rollout's own seed in
+        place of the submission's); returns the key and what the
         proxy serves with (when it has loaded the model).
 
         Raises:
@@ -64,6 +65,8 @@ class ProxySessions:
         )
         if rollout.sampling is not None:
             request.sampling.CopyFrom(rollout.sampling)
+            if rollout.seed is not None:
+                request.sampling.seed = rollout.seed
         try:
             response = await self._stub.CreateSession(request)
         except grpc.aio.AioRpcError as exc:

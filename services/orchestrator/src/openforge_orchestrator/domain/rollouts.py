@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from openforge.common.v1.common_pb2 import SamplingParams
 from openforge_core.errors import InvalidArgument, NotFound
+from openforge_core.seeds import derive_seed
 
 HARNESSES = frozenset({"claude-code", "codex", "openclaw", "mini-swe-agent", "browser", "command"})
 
@@ -77,8 +78,10 @@ class Rollout:
         limits: Session limits.
         sampling: Enforced sampling parameters, the trainer's message as received (``seed`` an
             int64, never a JSON string); None = none enforced (the proxy's and engine's
-            defaults). Passed on as is to the proxy's session and the run's manifest; never
-            mutated.
+            defaults). Passed on to the proxy's session (with :attr:`seed`) and as is to the
+            run's manifest; never mutated.
+        seed: The rollout's own sampling seed (:func:`rollout_seed`), which its proxy session
+            samples with in place of the submission's; None = unseeded.
         command: Argv template of the ``command`` harness.
         verifier_output: End of the verifier's output.
         calls: Model calls the proxy served (read when the session closed).
@@ -111,6 +114,7 @@ class Rollout:
     failure_reason: str = ""
     limits: RolloutLimits = RolloutLimits()
     sampling: SamplingParams | None = None
+    seed: int | None = None
     command: tuple[str, ...] = ()
     verifier_output: str = ""
     calls: int = 0
@@ -154,6 +158,16 @@ def _own_copy(sampling: SamplingParams | None) -> SamplingParams | None:
     own = SamplingParams()
     own.CopyFrom(sampling)
     return own
+
+
+def rollout_seed(enforced: SamplingParams | None, task_position: int, index: int) -> int | None:
+    """One rollout's sampling seed, derived from the submission's seed, the task's position in
+    the submission and the rollout's index in its group (:func:`openforge_core.seeds.derive_seed`),
+    so the rollouts of a group sample differently and a submission made again samples the same;
+    None when the submission has no seed."""
+    if enforced is None or not enforced.HasField("seed"):
+        return None
+    return derive_seed(enforced.seed, "rollout", task_position, index)
 
 
 class RolloutRegistry:
@@ -221,7 +235,7 @@ class RolloutRegistry:
         enforced = _own_copy(sampling)
         now = self._clock()
         created: list[Rollout] = []
-        for task in task_list:
+        for position, task in enumerate(task_list):
             group_id = _new_id("grp")
             for index in range(group_size):
                 created.append(
@@ -240,6 +254,7 @@ class RolloutRegistry:
                         create_time=now,
                         limits=limits,
                         sampling=enforced,
+                        seed=rollout_seed(enforced, position, index),
                         command=command,
                     )
                 )

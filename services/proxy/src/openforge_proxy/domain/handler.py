@@ -33,7 +33,7 @@ import sys
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar, cast
 
 import orjson
@@ -41,6 +41,7 @@ import structlog
 
 from openforge_core.errors import InvalidArgument, OpenForgeError, ResourceExhausted, Unauthenticated
 from openforge_core.record_delta import RecordBase, RecordCut
+from openforge_core.seeds import derive_seed
 from openforge_proxy.domain.call_roles import CallClass, LineageTracker
 from openforge_proxy.domain.conversation import CanonicalRequest, ToolKind, WireApi
 from openforge_proxy.domain.engine import Delta, Engine, EngineRejected, EngineUnavailable, Sampling
@@ -574,6 +575,10 @@ class CallHandler:
         if limits.max_total_tokens and session.total_tokens >= limits.max_total_tokens:
             raise ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {limits.max_total_tokens} tokens")
         sampling = self._sampling(session, request, runtime, len(plan.prompt))
+        if sampling.seed is not None:
+            # a seed per call: the session's seed and the call's identity (its prompt and tools),
+            # so each call of a rollout samples differently and the same call sent again the same
+            sampling = replace(sampling, seed=derive_seed(sampling.seed, "call", call_key))
         if known is None:
             state.counter += 1
             known = _CallState(f"call{state.counter:04d}-{secrets.token_hex(3)}", 0)

@@ -69,7 +69,11 @@ def group_from_proto(msg: trajectory_pb2.WatchCompletedGroupsResponse) -> Comple
     rewards = {r.rollout_id: r.reward for r in msg.rollouts if r.HasField("reward")}
     samples: list[TrainSample] = []
     left_out: dict[str, int] = {r.rollout_id: 0 for r in msg.rollouts if r.rollout_id not in rewards}
-    for s in msg.samples:
+    # each rollout's samples in the group's order (the store's is by rollout id, a random id):
+    # the same rollouts make the same batch
+    position = {r.rollout_id: (r.group_index, i) for i, r in enumerate(msg.rollouts)}
+    last = (len(position), len(position))
+    for s in sorted(msg.samples, key=lambda s: (position.get(s.rollout_id, last), s.index)):
         if s.rollout_id not in rewards:
             left_out[s.rollout_id] = left_out.get(s.rollout_id, 0) + 1
             continue
@@ -139,10 +143,12 @@ class OrchestratorClient:
         """Submits the groups; returns their group ids in task order (idempotent per request id).
 
         The run's temperature always goes in ``sampling`` (the proxy then enforces it on every
-        call, whatever the harness sends), with ``max_tokens`` when set; ``limits`` carries
+        call, whatever the harness sends), with ``max_tokens`` and ``seed`` when set; ``limits`` carries
         the per-rollout turn and token limits when set.
         """
         sampling = common_pb2.SamplingParams(temperature=request.temperature, max_tokens=request.max_tokens)
+        if request.seed is not None:
+            sampling.seed = request.seed
         msg = orchestrator_pb2.SubmitRolloutsRequest(
             request_id=request.request_id,
             run_id=request.run_id,

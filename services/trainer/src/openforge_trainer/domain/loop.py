@@ -49,6 +49,7 @@ import structlog
 
 from openforge_core.errors import FailedPrecondition
 from openforge_core.run_config import RunConfig
+from openforge_core.seeds import EVAL_SEED_KEY, request_seed
 from openforge_trainer.domain.ports import (
     Checkpoint,
     CheckpointStore,
@@ -402,8 +403,17 @@ class TrainingLoop:
     # ---- rollouts ----
 
     def _request(
-        self, key: str, n: int, *, run_id: str = "", task_set: str = "", tasks: list[str] | None = None
+        self,
+        key: str,
+        n: int,
+        *,
+        run_id: str = "",
+        task_set: str = "",
+        tasks: list[str] | None = None,
+        seed_key: str = "",
     ) -> RolloutRequest:
+        """The submission of ``n`` groups under ``key``; its sampling seed is derived from the run
+        seed and ``seed_key`` (default ``key``), so a key requested again samples the same."""
         cfg = self.config
         return RolloutRequest(
             request_id=f"{self.run_id}/{key}",
@@ -420,6 +430,7 @@ class TrainingLoop:
             max_turns=cfg.max_turns,
             max_total_tokens=cfg.max_total_tokens,
             command=tuple(cfg.command),
+            seed=request_seed(cfg.seed, seed_key or key) if cfg.seeded_sampling else None,
         )
 
     async def _submit_ahead(self) -> None:
@@ -524,8 +535,9 @@ class TrainingLoop:
         got = _Collected(cursor=st.cursor, pending=set(st.pending_groups))
         pending = got.pending
         set_aside: list[tuple[CompletedGroup, list[TrainSample], list[int]]] = []
-        while len(got.groups) < cfg.groups_per_step:
-            missing = cfg.groups_per_step - len(got.groups)
+        taken: list[tuple[tuple[int, str, int, int, str], CompletedGroup, list[TrainSample], list[int]]] = []
+        while len(taken) < cfg.groups_per_step:
+            missing = cfg.groups_per_step - len(taken)
             if not self._sft_offline and len(pending) < missing:
                 st.pending_groups = sorted(pending)
                 await self._refill(missing - len(pending))
@@ -564,15 +576,30 @@ class TrainingLoop:
                         break
                     log.info("run.zero_variance_group_dropped", run_id=self.run_id, group_id=group.group_id)
                     continue
+            name = self._group_name(group.group_id)
             if cfg.mode == "rl" and cfg.shuffle_rewards:
-                usable = shuffle_rewards(usable, random.Random(f"{cfg.seed}:{group.group_id}"))
+                usable = shuffle_rewards(usable, random.Random(f"{cfg.seed}:{name[1]}/{name[2]}#{name[3]}{name[4]}"))
+            taken.append((name, group, usable, ages))
+        fallback = not taken
+        if fallback:
+            taken = [(self._group_name(g.group_id), g, u, a) for g, u, a in set_aside[-cfg.groups_per_step :]]
+        # the batch in request order, not completion order: the same groups train the same
+        for _, group, usable, ages in sorted(taken, key=lambda t: t[0]):
             got.take(group, usable, ages)
-        fallback = [] if got.groups else set_aside[-cfg.groups_per_step :]
-        for taken in fallback:
-            got.take(*taken)
-        got.zero_variance_dropped = len(set_aside) - len(fallback)
+        got.zero_variance_dropped = len(set_aside) - (len(taken) if fallback else 0)
         st.pending_groups = sorted(pending)
         return got
+
+    def _group_name(self, group_id: str) -> tuple[int, str, int, int, str]:
+        """A group's place in the run, independent of when it completed: its request (a step's
+        request before any refill, then by kind and number: ``step/3`` -> ``(0, "step", 3)``) and
+        its position in that request; groups of no known request sort last, by id."""
+        for key, ids in self.state.requests.items():
+            if group_id in ids:
+                kind, _, number = key.partition("/")
+                rank = 0 if kind == "step" else 1
+                return rank, kind, int(number) if number.isdigit() else 0, ids.index(group_id), ""
+        return 2, "", 0, 0, group_id
 
     def _check_not_all_empty(self, group: CompletedGroup) -> None:
         """Counts groups that ended without a trainable sample (no sample at all, or only samples
@@ -611,8 +638,15 @@ class TrainingLoop:
         stall checks of the training groups: :meth:`_check_serving`, :meth:`_eval_again`)."""
         cfg, st = self.config, self.state
         run = eval_run_id(self.run_id)
+        # one seed for every evaluation: each task's rollouts sample with the same seeds at every
+        # step, so the evaluations compare policies, not draws
         request = self._request(
-            f"eval/{st.step}", len(cfg.eval_tasks), run_id=run, task_set=cfg.eval_split, tasks=cfg.eval_tasks
+            f"eval/{st.step}",
+            len(cfg.eval_tasks),
+            run_id=run,
+            task_set=cfg.eval_split,
+            tasks=cfg.eval_tasks,
+            seed_key=EVAL_SEED_KEY,
         )
         request = replace(request, task_ids=tuple(cfg.eval_tasks))
         ids = await self.deps.submitter.submit(request)

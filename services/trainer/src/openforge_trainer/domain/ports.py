@@ -30,6 +30,8 @@ class RolloutRequest:
         max_turns: Most model calls per rollout (0 = no limit).
         max_total_tokens: Most prompt + sampled tokens per rollout (0 = no limit).
         command: Argv template of the ``command`` harness (empty = the orchestrator's).
+        seed: Sampling seed of the submission (``SamplingParams.seed``; the orchestrator derives
+            one per rollout from it); None = unseeded.
     """
 
     request_id: str
@@ -46,6 +48,7 @@ class RolloutRequest:
     max_turns: int = 0
     max_total_tokens: int = 0
     command: tuple[str, ...] = ()
+    seed: int | None = None
 
 
 class RolloutSubmitter(Protocol):
