@@ -79,7 +79,7 @@ class ScriptedWorld:
     async def submit(self, request: RolloutRequest) -> list[str]:
         self.requests.append(request)
         ids = []
-        groups = []
+        groups: list[CompletedGroup] = []
         for task in request.task_ids:
             seq = len(self.completed) + len(groups) + 1
             spec = self.script.pop(0) if self.script else self.default
