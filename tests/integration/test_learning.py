@@ -12,6 +12,11 @@ decayed over its passes and a demonstrator that saves half of its answers (``SFT
 - ``learning_rate: 0`` (the weights never change);
 - ``shuffle_rewards`` (each group's rewards permuted among its rollouts before advantages).
 
+Sampling is seeded from ``run.seed`` (``seeded_sampling``, on by default): the three runs sample
+with the same seeds, so their first step's rollouts are the same rollouts (one policy, one set of
+seeds) and the arms differ only by what each trains on them: a paired comparison, and one that
+gives the same figures every time the test runs.
+
 The readout is the policy's own probability that its first answer saves the result: for each
 distinct first-call prompt that mini-swe-agent sent (read back from the store) of a task whose
 first command writes ``answer.txt``, the probability of the oracle's answer relative to the same
@@ -21,7 +26,7 @@ noise: the true-reward run must raise it, the learning-rate-0 run must leave it 
 the shuffled run must not raise it as the true run does.
 
 Needs ``bwrap`` (Debian ``bubblewrap``) and mini-swe-agent (``openforge harness install
-mini-swe-agent``); skips otherwise. About 20 minutes on two cores.
+mini-swe-agent``); skips otherwise. About 15 minutes on two cores.
 """
 
 from __future__ import annotations

@@ -66,6 +66,19 @@ def _loop(config: RunConfig, client: OrchestratorClient) -> TrainingLoop:
     return TrainingLoop("run-s", config, deps)
 
 
+async def _first_submission(
+    config: RunConfig, servicer: RecordingOrchestrator, target: str
+) -> orchestrator_pb2.SubmitRolloutsRequest:
+    """The one ``SubmitRollouts`` request the loop's first submission sends."""
+    client = OrchestratorClient(target, timeout_s=5)
+    try:
+        await _loop(config, client)._submit_ahead()
+    finally:
+        await client.close()
+    (req,) = servicer.requests
+    return req
+
+
 async def test_the_run_sampling_and_limits_go_into_submit_rollouts(
     orchestrator: tuple[RecordingOrchestrator, str],
 ) -> None:
@@ -86,12 +99,7 @@ async def test_the_run_sampling_and_limits_go_into_submit_rollouts(
             "command": ["python3", "-c", "print('{model}')"],
         }
     )
-    client = OrchestratorClient(target, timeout_s=5)
-    try:
-        await _loop(config, client)._submit_ahead()
-    finally:
-        await client.close()
-    (req,) = servicer.requests
+    req = await _first_submission(config, servicer, target)
     assert req.request_id == "run-s/step/1" and req.run_id == "run-s"
     assert sorted(t.task_id for t in req.tasks) == ["a", "b"] and {t.task_set for t in req.tasks} == {"train"}
     assert req.group_size == 3 and req.harness == "command" and req.model_name == "policy"
@@ -111,12 +119,7 @@ async def test_the_default_temperature_is_still_enforced(orchestrator: tuple[Rec
     """Temperature 1 is sent explicitly, so a harness asking for another one does not get it."""
     servicer, target = orchestrator
     config = parse_run_config({"model": "m", "tasks": ["a"], "steps": 1})
-    client = OrchestratorClient(target, timeout_s=5)
-    try:
-        await _loop(config, client)._submit_ahead()
-    finally:
-        await client.close()
-    (req,) = servicer.requests
+    req = await _first_submission(config, servicer, target)
     assert req.sampling.HasField("temperature") and req.sampling.temperature == 1.0
     assert req.sampling.max_tokens == 0
     assert not req.HasField("limits") and list(req.command) == []
@@ -125,12 +128,7 @@ async def test_the_default_temperature_is_still_enforced(orchestrator: tuple[Rec
 async def test_a_run_without_seeded_sampling_sends_no_seed(orchestrator: tuple[RecordingOrchestrator, str]) -> None:
     servicer, target = orchestrator
     config = parse_run_config({"model": "m", "tasks": ["a"], "steps": 1, "seed": 7, "seeded_sampling": False})
-    client = OrchestratorClient(target, timeout_s=5)
-    try:
-        await _loop(config, client)._submit_ahead()
-    finally:
-        await client.close()
-    (req,) = servicer.requests
+    req = await _first_submission(config, servicer, target)
     assert not req.sampling.HasField("seed")
 
 
