@@ -18,6 +18,7 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_cli.dash.server import build_app
 from openforge_core.rpc.client import open_channel
 from openforge_orchestrator.backends import cgroups
+from openforge_orchestrator.backends.local import SANDBOX_DESCRIPTION
 from openforge_orchestrator.domain.tasks import TaskCatalog
 from openforge_testing.fakes import ScriptedInferenceServer, build_fake_model_dir, final_text, tool_call_text
 from openforge_testing.plugin import ServiceFactory
@@ -236,11 +238,6 @@ def test_mini_swe_agent_oracle_earns_1_wrong_answer_0_hang_killed_with_partial_t
     assert [p.name for p in stack.orch_sandboxes.iterdir() if p.name != ".static"] == []  # all removed
 
 
-#: RunManifest fields a run on local sandboxes leaves empty, each with why (every other field
-#: must be filled after a rollout: a field added later and never filled fails the test).
-EMPTY_ON_LOCAL_SANDBOXES = {
-    "sandbox_image_digest": "local sandboxes run no image (the Kubernetes backend fills it)",
-}
 #: What the proxy's hermes family records.
 PARSERS = ["family:hermes", "tool_call:hermes", "reasoning:hermes"]
 
@@ -273,8 +270,8 @@ async def _dash_tokenizer(store: str, model_dir: Path, rollout_id: str) -> dict[
 
 def test_a_rollout_fills_every_run_manifest_field_at_its_source(stack: Stack, tmp_path: Path) -> None:
     """The manifest after one mini-swe-agent rollout through proxy, orchestrator and store: every
-    field filled (but those :data:`EMPTY_ON_LOCAL_SANDBOXES` names), each with its source's value;
-    the dashboard's tokenizer warning fires for another tokenizer than the served one."""
+    field filled (a field added later and never filled fails the test), each with its source's
+    value; the dashboard's tokenizer warning fires for another tokenizer than the served one."""
     stack.replay.plan(_instruction("count-lines"), [oracle_command("train", "count-lines")])
     (done,) = asyncio.run(_run(stack.orch.address, "count-lines", min_policy_version=stack.fake.policy_version))
     assert done.status == common_pb2.ROLLOUT_STATUS_SUCCEEDED, done.failure_reason
@@ -282,7 +279,7 @@ def test_a_rollout_fills_every_run_manifest_field_at_its_source(stack: Stack, tm
 
     filled = {field.name for field, _ in manifest.ListFields()}  # set scalars, messages, lists
     missing = [f.name for f in manifest.DESCRIPTOR.fields if f.name not in filled]
-    assert sorted(missing) == sorted(EMPTY_ON_LOCAL_SANDBOXES), manifest
+    assert missing == [], manifest
     installed = json.loads((HARNESS_DIR / "mini-swe-agent" / "manifest.json").read_text())
     assert (manifest.run_id, manifest.harness, manifest.model) == ("run-1", "mini-swe-agent", "policy-model")
     assert manifest.harness_version == installed["version"]
@@ -295,6 +292,10 @@ def test_a_rollout_fills_every_run_manifest_field_at_its_source(stack: Stack, tm
     assert list(manifest.parsers) == PARSERS
     assert manifest.verifier_version == TaskCatalog(TASKS).verifier_version()
     assert manifest.create_time.seconds > 0
+    # local sandboxes run no image: the sandbox program's own version, and what it isolates
+    version = subprocess.run(["bwrap", "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    assert manifest.sandbox_image_digest == f"{version} ({SANDBOX_DESCRIPTION})"
+    assert version.startswith("bubblewrap ")
 
     # The dashboard compares the tokenizer it decodes with against the manifest's.
     same = asyncio.run(_dash_tokenizer(stack.store.address, stack.model, done.rollout_id))

@@ -47,6 +47,7 @@ import shlex
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -81,6 +82,9 @@ BRIDGE_PORT = 8080
 #: A documentation address (RFC 5737) as the sandbox's DNS server: queries land on ``lo`` and
 #: are recorded as attempts, instead of leaking to the host's resolver.
 SINKHOLE_DNS = "192.0.2.53"
+#: What a local sandbox isolates, after the bubblewrap version in the run manifest's
+#: ``sandbox_image_digest`` (see the module docstring).
+SANDBOX_DESCRIPTION = "local: new user, pid, net, ipc, uts and cgroup namespaces; host /usr read-only; the proxy only"
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 ETC_FILES = (
     "passwd",
@@ -228,6 +232,7 @@ class LocalBackend:
         self.artifacts = Path(settings.artifacts).resolve() if settings.artifacts else None
         self._limiter = limiter
         self._bwrap: str | None = None
+        self._bwrap_version: str | None = None
         self._locks: dict[str, asyncio.Lock] = {}
         #: Task key → its prepared workspace folder (task folders are read once per process).
         self._prepared: dict[str, Path] = {}
@@ -548,8 +553,25 @@ class LocalBackend:
     # --- one rollout ------------------------------------------------------------------------
 
     def sandbox_image(self, task: Task) -> str:
-        """None (""): bubblewrap sandboxes run on the host's own filesystem."""
-        return ""
+        """No image: bubblewrap sandboxes run on the host's own filesystem, so the manifest names
+        the sandbox instead: ``bwrap --version``'s answer (``bubblewrap 0.8.0``) and what it
+        isolates; "" when bubblewrap is missing (no rollout can run then)."""
+        if self._bwrap_version is None:
+            found = shutil.which(self.settings.bwrap)
+            try:
+                answer = (
+                    subprocess.run(
+                        [found, "--version"], capture_output=True, text=True, timeout=10, check=True
+                    ).stdout.strip()
+                    if found
+                    else ""
+                )
+            except (OSError, subprocess.SubprocessError):
+                answer = ""
+            self._bwrap_version = answer
+        if not self._bwrap_version:
+            return ""
+        return f"{self._bwrap_version} ({SANDBOX_DESCRIPTION})"
 
     async def execute(self, plan: ExecutionPlan) -> ExecutionResult:
         """Runs the harness (or the oracle) and the verifier in fresh sandboxes; removes them.

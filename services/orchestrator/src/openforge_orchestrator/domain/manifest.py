@@ -44,7 +44,8 @@ class LaunchManifest:
         harness_version: The harness's installed version ("" for ``command``).
         harness_config_hash: :func:`run_config_hash`.
         served: What the proxy serves with.
-        sandbox_image_digest: :func:`image_digest` of the sandbox image ("" for local sandboxes).
+        sandbox_image_digest: :func:`image_digest` of the sandbox image (for local sandboxes,
+            which run none, the sandbox program's version and what it isolates).
         verifier_version: The task catalog's verifier digest.
     """
 

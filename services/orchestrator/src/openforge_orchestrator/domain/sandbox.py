@@ -155,7 +155,8 @@ class SandboxBackend(Protocol):
         ...
 
     def sandbox_image(self, task: Task) -> str:
-        """The image ``task``'s sandboxes run (for the run manifest); "" when they run none."""
+        """The image ``task``'s sandboxes run (for the run manifest); where they run none, a
+        description of the sandbox (its program and version); "" when neither is known."""
         ...
 
     async def execute(self, plan: ExecutionPlan) -> ExecutionResult:

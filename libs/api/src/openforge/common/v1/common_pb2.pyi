@@ -906,8 +906,9 @@ class RunManifest(_message.Message):
     sandbox_image_digest: _builtins.str
     """The sandbox image of the run's first launched rollout (Kubernetes: its
     task's image): the "sha256:<hex>" digest when the image reference names
-    one, else the reference as given. Empty for local sandboxes, which run no
-    image.
+    one, else the reference as given. Local sandboxes run no image: there, the
+    sandbox program's version and what it isolates ("bubblewrap 0.8.0 (local:
+    ...)").
     """
     verifier_version: _builtins.str
     """Version of the verifiers: "sha256:<hex>" over the tests/ folder of every
