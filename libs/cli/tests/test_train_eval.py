@@ -15,6 +15,7 @@ from openforge_cli.eval import report_table, split_tasks, summarize
 from openforge_cli.main import main
 from openforge_cli.train import Phases, comparison_table, export_model
 from openforge_cli.train_config import TrainConfig, load_train_config
+from openforge_core.seeds import EVAL_SEED_KEY, request_seed
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "examples" / "demo" / "demo.yaml"
@@ -75,6 +76,15 @@ def test_demo_config_loads_and_builds_valid_trainer_configs() -> None:
     assert cfg.harness_config is not None and cfg.harness_config.is_file()
     spec = cfg.rollout_spec()
     assert (spec.max_tokens, spec.max_turns, spec.harness) == (rl["max_tokens"], rl["max_turns"], "mini-swe-agent")
+    # evaluations are seeded as the trainer seeds its own (the run seed, the evaluation key)
+    assert spec.seed == request_seed(rl["seed"], EVAL_SEED_KEY)
+
+
+@pytest.mark.parametrize(("value", "seeded"), [(True, True), (False, False), ("false", False), ("true", True)])
+def test_evaluations_are_unseeded_when_the_run_turns_seeded_sampling_off(value: object, seeded: bool) -> None:
+    cfg = load_train_config(DEMO)
+    cfg = cfg.model_copy(update={"run": {**cfg.run, "seed": 4, "seeded_sampling": value}})
+    assert cfg.rollout_spec().seed == (request_seed(4, EVAL_SEED_KEY) if seeded else None)
 
 
 def test_bad_config_names_every_bad_field(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import click
-from pydantic import Field, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
 from openforge_cli.eval import RolloutSpec, split_tasks
 from openforge_core.engine_names import ENGINE_NAMES
@@ -145,7 +145,7 @@ class TrainConfig(SettingsSection):
         trainer seeds its own evaluations (``run.seed``, unless ``run.seeded_sampling`` is false),
         so the evaluations before and after RL sample each task with the same seeds."""
         r = self.run
-        seeded = bool(r.get("seeded_sampling", True))
+        seeded = TypeAdapter(bool).validate_python(r.get("seeded_sampling", True))  # as RunConfig reads it
         return RolloutSpec(
             harness=self.harness,
             model_name=str(r.get("model_name", "policy")),

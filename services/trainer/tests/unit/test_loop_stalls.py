@@ -11,6 +11,7 @@ from loop_fakes import MemoryCheckpoints, RecordingBackend, completed_after
 
 from openforge_core.errors import Unavailable
 from openforge_core.run_config import RunConfig
+from openforge_core.seeds import request_seed
 from openforge_trainer.domain.loop import LoopDeps, TrainingLoop
 from openforge_trainer.domain.ports import RolloutRequest
 from openforge_trainer.domain.samples import CompletedGroup, TrainSample
@@ -37,6 +38,7 @@ class RestartingWorld:
         self.inference_down = False
         self.held: set[str] = set()  # groups that do not complete (still running)
         self.task_counts: list[tuple[str, int]] = []  # (request id, tasks asked for)
+        self.seeds: list[int | None] = []  # each request's sampling seed
         self.run_of: dict[str, str] = {}  # group id -> run id
         self.cancelled: list[str] = []  # groups cancelled
         self._seq = 0
@@ -44,6 +46,7 @@ class RestartingWorld:
     async def submit(self, request: RolloutRequest) -> list[str]:
         self.submitted.append(request.request_id)
         self.task_counts.append((request.request_id, len(request.task_ids)))
+        self.seeds.append(request.seed)
         if request.request_id in self.requests:
             return self.requests[request.request_id]
         ids = []
@@ -219,6 +222,10 @@ async def test_a_lost_request_partly_consumed_is_asked_again_for_its_pending_gro
     assert await asyncio.wait_for(run, timeout=10)
     assert [g.group_id for g in world.completed] == ["g1", "g3"]  # one group made anew, not two
     assert metrics[0]["groups/resubmitted"] == 1.0
+    # asked again, the request carries another seed (an orchestrator that holds it answers with
+    # its groups as they are), so groups made anew cannot repeat one already trained on
+    assert world.seeds[0] == request_seed(0, "step/1")
+    assert len(world.seeds) >= 3 and all(s is not None and s != world.seeds[0] for s in world.seeds[1:])
 
 
 async def test_a_mid_run_evaluation_whose_group_an_orchestrator_lost_is_asked_again_for_its_task() -> None:

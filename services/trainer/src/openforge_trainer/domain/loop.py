@@ -504,7 +504,10 @@ class TrainingLoop:
             # as many groups as are still pending: an orchestrator holding the request answers
             # with all of its groups whatever the count; one that lost it makes only these anew
             try:
-                again = await self.deps.submitter.submit(self._request(key, len(still)))
+                # a seed of its own: the groups made anew must not repeat ones already trained on
+                again = await self.deps.submitter.submit(
+                    self._request(key, len(still), seed_key=f"{key}/again/{still[0]}")
+                )
             except Exception as exc:
                 log.warning("run.stall_check_failed", run_id=self.run_id, service="orchestrator", error=repr(exc))
                 break
