@@ -156,8 +156,8 @@ class RunConfig(SettingsSection):
         pass_k: The k values of pass@k and pass^k (each <= group_size).
         seed: Seed of task order, of torch and, with ``seeded_sampling``, of sampling.
         seeded_sampling: Every model call samples with a seed derived from ``seed``
-            (:func:`openforge_core.seeds.derive_seed`: the submission's key, the task, the
-            rollout's index in its group, the call and its attempt), so a run sampled again on the same
+            (:func:`openforge_core.seeds.derive_seed`: the submission's key, the task's position,
+            the rollout's index in its group, the call), so a run sampled again on the same
             engine samples the same tokens (up to the engine's numerics across batch shapes), the
             rollouts of a group still differ, and the evaluations before and after training
             sample each task's rollouts with the same seeds (a paired comparison). False: the

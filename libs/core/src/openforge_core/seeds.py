@@ -1,10 +1,10 @@
 """Sampling seeds derived from a run's seed, so a run's rollouts are reproducible.
 
 One seed a run (``RunConfig.seed``) becomes one seed a submission (the trainer: the run seed and
-the request's key), one a rollout (the orchestrator: the submission's seed, the task and the
-rollout's index in its group) and one a model call (the proxy: the rollout's seed, the call's
-identity and its attempt). Each is a keyed hash of the one above it, so rollouts of one group
-sample differently and the same run sampled again samples the same.
+the request's key), one a rollout (the orchestrator: the submission's seed, the task's position
+and the rollout's index in its group) and one a model call (the proxy: the rollout's seed and the
+call's identity). Each is a keyed hash of the one above it, so rollouts of one group sample
+differently and the same run sampled again samples the same.
 """
 
 from __future__ import annotations

@@ -246,7 +246,7 @@ async def test_encodings_routes_and_enforced_sampling(model_dir: Path, start_pro
     assert (await proxy.get("/v1/nothing")).status == 404
 
 
-async def test_each_call_attempt_samples_with_its_own_seed_and_a_replay_with_the_same(
+async def test_each_call_samples_with_its_own_seed_and_the_same_call_again_with_the_same(
     model_dir: Path, start_proxy: Any
 ) -> None:
     fake = ScriptedInferenceServer(model_dir, default=lambda prompt: "ok")
@@ -256,12 +256,12 @@ async def test_each_call_attempt_samples_with_its_own_seed_and_a_replay_with_the
     nxt["messages"].append({"role": "user", "content": "again"})
     sessions = {"a": proxy.session("a", seed=11), "b": proxy.session("b", seed=11), "c": proxy.session("c", seed=12)}
     for key in sessions.values():
-        for body in (first, first, nxt):  # a call, the same asked again, the next call
+        for body in (first, first, nxt):  # a call, its retry, the next call
             assert (await proxy.post(CHAT, body, key=key, bearer=True)).status == 200
     seeds = [r.sampling.seed for r in fake.seen]
     a, b, c = seeds[0:3], seeds[3:6], seeds[6:9]
-    assert len(set(a)) == 3  # the same call asked again is a new draw, the next call another
-    assert a == b  # the same session seed and requests: the same seeds
+    assert a[0] == a[1] != a[2]  # a retry samples as the call did; the next call differently
+    assert a == b  # the same session seed and calls: the same seeds
     assert set(c).isdisjoint(a)  # another session seed: others
     assert all(0 <= x < 2**63 for x in seeds)
     unseeded = proxy.session("d", temperature=1.0)

@@ -160,15 +160,14 @@ def _own_copy(sampling: SamplingParams | None) -> SamplingParams | None:
     return own
 
 
-def rollout_seed(enforced: SamplingParams | None, task: TaskRef, occurrence: int, index: int) -> int | None:
-    """One rollout's sampling seed, derived from the submission's seed, the task (its set and id,
-    and which occurrence of it in the submission) and the rollout's index in its group
-    (:func:`openforge_core.seeds.derive_seed`): the rollouts of a group sample differently, and a
-    task asked for again under the same seed samples the same, whatever the other tasks of the
-    submission and their order; None when the submission has no seed."""
+def rollout_seed(enforced: SamplingParams | None, task_position: int, index: int) -> int | None:
+    """One rollout's sampling seed, derived from the submission's seed, the task's position in
+    the submission and the rollout's index in its group (:func:`openforge_core.seeds.derive_seed`),
+    so the rollouts of a group sample differently and a submission made again samples the same;
+    None when the submission has no seed."""
     if enforced is None or not enforced.HasField("seed"):
         return None
-    return derive_seed(enforced.seed, "rollout", task.task_set, task.task_id, occurrence, index)
+    return derive_seed(enforced.seed, "rollout", task_position, index)
 
 
 class RolloutRegistry:
@@ -236,9 +235,7 @@ class RolloutRegistry:
         enforced = _own_copy(sampling)
         now = self._clock()
         created: list[Rollout] = []
-        seen: dict[tuple[str, str], int] = {}
-        for task in task_list:
-            occurrence = seen[task.task_set, task.task_id] = seen.get((task.task_set, task.task_id), -1) + 1
+        for position, task in enumerate(task_list):
             group_id = _new_id("grp")
             for index in range(group_size):
                 created.append(
@@ -257,7 +254,7 @@ class RolloutRegistry:
                         create_time=now,
                         limits=limits,
                         sampling=enforced,
-                        seed=rollout_seed(enforced, task, occurrence, index),
+                        seed=rollout_seed(enforced, position, index),
                         command=command,
                     )
                 )

@@ -575,6 +575,10 @@ class CallHandler:
         if limits.max_total_tokens and session.total_tokens >= limits.max_total_tokens:
             raise ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {limits.max_total_tokens} tokens")
         sampling = self._sampling(session, request, runtime, len(plan.prompt))
+        if sampling.seed is not None:
+            # a seed per call: the session's seed and the call's identity (its prompt and tools),
+            # so each call of a rollout samples differently and the same call sent again the same
+            sampling = replace(sampling, seed=derive_seed(sampling.seed, "call", call_key))
         if known is None:
             state.counter += 1
             known = _CallState(f"call{state.counter:04d}-{secrets.token_hex(3)}", 0)
@@ -583,11 +587,6 @@ class CallHandler:
         else:
             new_call = False
         known.attempts += 1
-        if sampling.seed is not None:
-            # a seed per call attempt: the session's seed, the call's identity (its prompt and
-            # tools) and its attempt, so each call of a rollout samples differently, a harness
-            # asking the same again gets a new draw, and the same requests replayed sample the same
-            sampling = replace(sampling, seed=derive_seed(sampling.seed, "call", call_key, known.attempts))
         reserved = len(plan.prompt) + sampling.max_tokens
         session = self._sessions.admit(session, new_call=new_call, reserve_tokens=reserved)
         call_class = state.lineages.classify(request)
