@@ -212,6 +212,15 @@ class _Run:
     ended_wall: float
 
 
+def _version_of(program: str) -> str:
+    """``program --version``'s answer, stripped; "" when it cannot be read."""
+    try:
+        done = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip()
+
+
 class LocalBackend:
     """Runs rollouts in bubblewrap sandboxes (see the module docstring for the design).
 
@@ -357,13 +366,9 @@ class LocalBackend:
 
     def _ensure_ready(self) -> str:
         self._ensure_dirs()
-        if self._bwrap is None:
-            found = shutil.which(self.settings.bwrap)
-            if found is None:
-                raise SandboxStartError(
-                    f"bubblewrap not found ({self.settings.bwrap!r}): apt-get install -y bubblewrap"
-                )
-            self._bwrap = found
+        found = self._find_bwrap()
+        if found is None:
+            raise SandboxStartError(f"bubblewrap not found ({self.settings.bwrap!r}): apt-get install -y bubblewrap")
         self.cache.mkdir(parents=True, exist_ok=True)
         if self._static is None:
             static = self.root / ".static"
@@ -372,6 +377,12 @@ class LocalBackend:
             (static / "resolv.conf").write_text(f"nameserver {SINKHOLE_DNS}\n")
             (static / "hostname").write_text("openforge-sandbox\n")
             self._static = static
+        return found
+
+    def _find_bwrap(self) -> str | None:
+        """The ``bwrap`` executable's path (looked up once it is found), or None."""
+        if self._bwrap is None:
+            self._bwrap = shutil.which(self.settings.bwrap)
         return self._bwrap
 
     def _base_args(self, bwrap: str) -> list[str]:
@@ -557,21 +568,9 @@ class LocalBackend:
         the sandbox instead: ``bwrap --version``'s answer (``bubblewrap 0.8.0``) and what it
         isolates; "" when bubblewrap is missing (no rollout can run then)."""
         if self._bwrap_version is None:
-            found = shutil.which(self.settings.bwrap)
-            try:
-                answer = (
-                    subprocess.run(
-                        [found, "--version"], capture_output=True, text=True, timeout=10, check=True
-                    ).stdout.strip()
-                    if found
-                    else ""
-                )
-            except (OSError, subprocess.SubprocessError):
-                answer = ""
-            self._bwrap_version = answer
-        if not self._bwrap_version:
-            return ""
-        return f"{self._bwrap_version} ({SANDBOX_DESCRIPTION})"
+            found = self._find_bwrap()
+            self._bwrap_version = _version_of(found) if found else ""
+        return f"{self._bwrap_version} ({SANDBOX_DESCRIPTION})" if self._bwrap_version else ""
 
     async def execute(self, plan: ExecutionPlan) -> ExecutionResult:
         """Runs the harness (or the oracle) and the verifier in fresh sandboxes; removes them.

@@ -43,7 +43,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import structlog
 
@@ -93,6 +93,31 @@ BackendFactory = Callable[[RunConfig], "TrainerBackend"]
 
 class StopRequested(Exception):
     """The run was asked to stop while waiting; the step in progress is abandoned uncommitted."""
+
+
+class GroupPlace(NamedTuple):
+    """A group's place in the run, independent of when it completed; tuples sort a step's
+    requests before its refills, then by kind and number (``step/3``), then by position in the
+    request; a group of no known request sorts last, by id.
+
+    Attributes:
+        rank: 0 for a step's request, 1 for any other (a refill), 2 for no known request.
+        kind: The request key's kind (``step``, ``refill``).
+        number: The request key's number.
+        position: The group's position in its request.
+        group_id: Only for a group of no known request ("" otherwise).
+    """
+
+    rank: int
+    kind: str
+    number: int
+    position: int
+    group_id: str = ""
+
+    @property
+    def label(self) -> str:
+        """``step/3#1`` (the group id for a group of no known request)."""
+        return f"{self.kind}/{self.number}#{self.position}{self.group_id}"
 
 
 @dataclass
@@ -538,7 +563,7 @@ class TrainingLoop:
         got = _Collected(cursor=st.cursor, pending=set(st.pending_groups))
         pending = got.pending
         set_aside: list[tuple[CompletedGroup, list[TrainSample], list[int]]] = []
-        taken: list[tuple[tuple[int, str, int, int, str], CompletedGroup, list[TrainSample], list[int]]] = []
+        taken: list[tuple[GroupPlace, CompletedGroup, list[TrainSample], list[int]]] = []
         while len(taken) < cfg.groups_per_step:
             missing = cfg.groups_per_step - len(taken)
             if not self._sft_offline and len(pending) < missing:
@@ -579,13 +604,13 @@ class TrainingLoop:
                         break
                     log.info("run.zero_variance_group_dropped", run_id=self.run_id, group_id=group.group_id)
                     continue
-            name = self._group_name(group.group_id)
+            place = self._group_place(group.group_id)
             if cfg.mode == "rl" and cfg.shuffle_rewards:
-                usable = shuffle_rewards(usable, random.Random(f"{cfg.seed}:{name[1]}/{name[2]}#{name[3]}{name[4]}"))
-            taken.append((name, group, usable, ages))
+                usable = shuffle_rewards(usable, random.Random(f"{cfg.seed}:{place.label}"))
+            taken.append((place, group, usable, ages))
         fallback = not taken
         if fallback:
-            taken = [(self._group_name(g.group_id), g, u, a) for g, u, a in set_aside[-cfg.groups_per_step :]]
+            taken = [(self._group_place(g.group_id), g, u, a) for g, u, a in set_aside[-cfg.groups_per_step :]]
         # the batch in request order, not completion order: the same groups train the same
         for _, group, usable, ages in sorted(taken, key=lambda t: t[0]):
             got.take(group, usable, ages)
@@ -593,16 +618,14 @@ class TrainingLoop:
         st.pending_groups = sorted(pending)
         return got
 
-    def _group_name(self, group_id: str) -> tuple[int, str, int, int, str]:
-        """A group's place in the run, independent of when it completed: its request (a step's
-        request before any refill, then by kind and number: ``step/3`` -> ``(0, "step", 3)``) and
-        its position in that request; groups of no known request sort last, by id."""
+    def _group_place(self, group_id: str) -> GroupPlace:
+        """A group's :class:`GroupPlace`, from the request that asked for it."""
         for key, ids in self.state.requests.items():
             if group_id in ids:
                 kind, _, number = key.partition("/")
                 rank = 0 if kind == "step" else 1
-                return rank, kind, int(number) if number.isdigit() else 0, ids.index(group_id), ""
-        return 2, "", 0, 0, group_id
+                return GroupPlace(rank, kind, int(number) if number.isdigit() else 0, ids.index(group_id))
+        return GroupPlace(2, "", 0, 0, group_id)
 
     def _check_not_all_empty(self, group: CompletedGroup) -> None:
         """Counts groups that ended without a trainable sample (no sample at all, or only samples
