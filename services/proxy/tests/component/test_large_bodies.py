@@ -16,8 +16,10 @@ import orjson
 import pytest
 
 from openforge_proxy.adapters.body_parser import ProcessBodyParser
+from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.json_text import parse_object
 from openforge_proxy.domain.output import ApiError
+from openforge_proxy.domain.screen import Screen, TooLong
 from openforge_testing.fakes import ScriptedInferenceServer
 
 MESSAGES = "/v1/messages"
@@ -25,8 +27,19 @@ CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
 
 #: Bodies each API gets, as raw bytes: valid, not JSON, not an object, a lone surrogate
-#: (repaired), invalid for the protocol, another model, a prompt longer than the context.
-_LONG = "word " * 200_000
+#: (repaired), invalid for the protocol, another model, a prompt longer than the context; then
+#: prompts longer than the context that the reference path refuses for another reason first
+#: (invalid, another model, tools that cannot be written again), and a long assistant turn
+#: (not counted by check_fits: refused while rendering).
+_LONG = "word " * 500_000  # over the context even at 16 bytes a token (the longest piece)
+#: A tool schema 300 levels deep: parsed (orjson reads 1024 levels), not written again (254).
+_DEEP = "DEEP-SCHEMA"
+_DEEP_JSON = b'{"a":' * 300 + b'"x"' + b"}" * 300
+_DEEP_TOOLS = {
+    MESSAGES: {"tools": [{"name": "t", "input_schema": {"type": "object", "properties": _DEEP}}]},
+    CHAT: {"tools": [{"type": "function", "function": {"name": "t", "parameters": {"properties": _DEEP}}}]},
+    RESPONSES: {"tools": [{"type": "function", "name": "t", "parameters": {"properties": _DEEP}}]},
+}
 
 
 def _cases() -> list[tuple[str, bytes]]:
@@ -45,8 +58,26 @@ def _cases() -> list[tuple[str, bytes]]:
             (path, raw.replace(b'"model":"m"', b'"model":5')),  # the protocol refuses it
             (path, raw.replace(b'"model":"m"', b'"model":"other"')),  # another model than the session's
             (path, raw.replace(b"hi", _LONG.encode())),  # cannot fit the context
+            (path, raw.replace(b'"model":"m"', b'"model":5').replace(b"hi", _LONG.encode())),
+            (path, raw.replace(b'"model":"m"', b'"model":"other"').replace(b"hi", _LONG.encode())),
+            (
+                path,
+                orjson.dumps({**body, **_DEEP_TOOLS[path]})
+                .replace(b'"DEEP-SCHEMA"', _DEEP_JSON)
+                .replace(b"hi", _LONG.encode()),
+            ),
+            (path, _with_long_assistant_turn(path, body)),
         ]
     return out
+
+
+def _with_long_assistant_turn(path: str, body: dict[str, Any]) -> bytes:
+    if path == RESPONSES:
+        text = [{"type": "output_text", "text": _LONG}]
+        turn = {"type": "message", "role": "assistant", "id": "msg_1", "content": text}
+        return orjson.dumps({**body, "input": [*body["input"], turn, {"role": "user", "content": "go"}]})
+    turn = {"role": "assistant", "content": _LONG}
+    return orjson.dumps({**body, "messages": [*body["messages"], turn, {"role": "user", "content": "go"}]})
 
 
 def _comparable(reply: Any) -> tuple[int, Any]:
@@ -69,6 +100,18 @@ async def _both(model_dir: Path, start_proxy: Any) -> tuple[Any, Any]:
 
 async def test_every_body_answers_as_the_reference_path(model_dir: Path, start_proxy: Any) -> None:
     reference, fast = await _both(model_dir, start_proxy)
+    screened: list[str] = []
+    parser = fast.body_parser
+    assert parser is not None
+    parse = parser.parse
+
+    async def spy(body: bytes, call: Screen | None = None) -> Any:
+        got = await parse(body, call)
+        if isinstance(got, TooLong):
+            screened.append(got.model)
+        return got
+
+    parser.parse = spy  # type: ignore[method-assign]
     answers: list[list[tuple[int, Any]]] = []
     for proxy in (reference, fast):
         key = proxy.session(model_name="m")
@@ -80,7 +123,13 @@ async def test_every_body_answers_as_the_reference_path(model_dir: Path, start_p
         answers.append(got)
     assert answers[0] == answers[1]
     statuses = [status for status, _ in answers[0]]
-    assert statuses == [200, 400, 400, 200, 400, 404, 400] * 3 + [200]
+    assert statuses == [200, 400, 400, 200, 400, 404, 400, 400, 404, 400, 400] * 3 + [200]
+    messages = [body["error"]["message"] if body else "" for _, body in answers[0][:-1]]
+    # the long prompt, and the long assistant turn (not counted by check_fits: refused while rendering)
+    assert all("prompt is too long" in messages[api + k] for api in (0, 11, 22) for k in (6, 10))
+    # refused in the parser's process where the reference refuses for the prompt's length:
+    # the long prompt of each API, and the long prompt for another model (refused as such)
+    assert screened == ["m", "other"] * 3
     records = [
         [(r.wire_api, r.request_json, r.canonical_json, r.prompt.ids) for r in p.recorder.records]
         for p in (reference, fast)
@@ -154,5 +203,28 @@ async def test_the_parser_agrees_with_the_reference_and_survives_its_child() -> 
         assert await fast(bodies[0]) == reference(bodies[0])
         assert await fast(bodies[1]) == reference(bodies[1])
         assert parser.pid not in (None, pid)
+    finally:
+        parser.close()
+
+
+async def test_a_body_whose_prompt_cannot_fit_comes_back_as_its_refusal_alone() -> None:
+    parser = ProcessBodyParser(0)
+    call = Screen(WireApi.OPENAI_CHAT, 1000, 4)
+
+    def body(content: str, **extra: Any) -> bytes:
+        return orjson.dumps({"model": "m", "messages": [{"role": "user", "content": content}], **extra})
+
+    try:
+        # 10,000 characters, pieces of at most 4 bytes: at least 2,500 tokens, over 1,000
+        assert await parser.parse(body("word " * 2000), call) == TooLong("m", 2500, 1000)
+        assert str(TooLong("m", 2500, 1000).error()) == "prompt is too long: at least 2500 tokens > 1000 maximum"
+        # what fits, what does not convert, and what is not screened come back parsed
+        for raw, screen in (
+            (body("word " * 100), call),
+            (body("word " * 2000, max_tokens=True), call),  # a boolean token cap: invalid
+            (body("word " * 2000), None),
+            (body("word " * 2000), Screen(WireApi.OPENAI_CHAT, 3000, 4)),
+        ):
+            assert await parser.parse(raw, screen) == parse_object(raw)
     finally:
         parser.close()

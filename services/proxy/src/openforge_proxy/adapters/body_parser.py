@@ -10,10 +10,17 @@ than the parse (no JSON grammar, no escapes; a string is one UTF-8 decode), and 
 moved by a worker thread with the lock released (``os.write``/``os.readv`` into an anonymous
 ``mmap``, whose pages are touched by the kernel's copy, not by a ``memset`` under the lock).
 
-Framing, both ways: 8 bytes of little-endian length, then that many bytes. Request: the body.
-Reply: ``pickle`` of ``(parsed, fixed, None)``, ``fixed`` the recorded body when it differs
-from the one sent (lone surrogates replaced) else None, or ``(None, None, error)``, ``error``
-an :class:`~openforge_proxy.domain.output.ApiError`'s ``(kind, message, status)``.
+A body sent with a :class:`~openforge_proxy.domain.screen.Screen` is also screened there
+(:func:`~openforge_proxy.domain.screen.screen`): where its prompt cannot fit, only the
+:class:`~openforge_proxy.domain.screen.TooLong` comes back, and the proxy never builds its
+strings (a fresh 30 MiB string is 15-20 ms of page faults under the interpreter lock).
+
+Framing, both ways: 8 bytes of little-endian length, then that many bytes. Request: ``pickle``
+of the screen (or None), then the body. Reply: ``pickle`` of ``(parsed, fixed, None, None)``,
+``fixed`` the recorded body when it differs from the one sent (lone surrogates replaced) else
+None; ``(None, None, error, None)``, ``error`` an
+:class:`~openforge_proxy.domain.output.ApiError`'s ``(kind, message, status)``; or
+``(None, None, None, too_long)``.
 
 The child runs at a lower CPU priority (:data:`NICENESS`): where cores are short, the proxy's
 own process, which serves every other session, runs first. One body is parsed at a time (one
@@ -40,6 +47,7 @@ import structlog
 
 from openforge_proxy.domain.json_text import parse_object
 from openforge_proxy.domain.output import ApiError, ErrorKind
+from openforge_proxy.domain.screen import Screen, TooLong, screen
 
 log = structlog.get_logger(__name__)
 
@@ -53,7 +61,7 @@ TIMEOUT_S = 30.0
 #: The child's recursion limit: pickling a value takes a level per nesting level, and
 #: ``orjson`` parses up to 1023 (the interpreter's default limit is 1000).
 _RECURSION_LIMIT = 4096
-_Reply = tuple[dict[str, Any] | None, bytes | None, tuple[str, str, int] | None]
+_Reply = tuple[dict[str, Any] | None, bytes | None, tuple[str, str, int] | None, TooLong | None]
 
 
 class ParserGone(Exception):
@@ -109,14 +117,15 @@ class ProcessBodyParser:
             return False
         return True
 
-    async def parse(self, body: bytes) -> tuple[dict[str, Any], bytes]:
-        """The body parsed as :func:`~openforge_proxy.domain.json_text.parse_object` parses it.
+    async def parse(self, body: bytes, call: Screen | None = None) -> tuple[dict[str, Any], bytes] | TooLong:
+        """The body parsed as :func:`~openforge_proxy.domain.json_text.parse_object` parses it,
+        or, with ``call``, :func:`~openforge_proxy.domain.screen.screen`'s refusal where it has one.
 
         Raises:
             ApiError: As ``parse_object`` raises it (the same kind, message and status).
         """
         async with self._lock:
-            future = asyncio.ensure_future(asyncio.to_thread(self._exchange, body))
+            future = asyncio.ensure_future(asyncio.to_thread(self._exchange, body, call))
             # a child that has not answered by then is killed: its exchange ends, and the body
             # is parsed here instead
             deadline = asyncio.get_running_loop().call_later(self.timeout_s, self._kill_hung)
@@ -132,7 +141,9 @@ class ProcessBodyParser:
             finally:
                 deadline.cancel()
                 del future
-        parsed, fixed, error = reply
+        parsed, fixed, error, too_long = reply
+        if too_long is not None:
+            return too_long
         if error is not None:
             kind, message, status = error
             raise ApiError(ErrorKind(kind), message, status=status)
@@ -158,7 +169,7 @@ class ProcessBodyParser:
             log.warning(EV_PARSER_FAILED, error=f"no reply within {self.timeout_s:g} s: the child is killed")
             proc.kill()
 
-    def _exchange(self, body: bytes) -> _Reply:
+    def _exchange(self, body: bytes, call: Screen | None) -> _Reply:
         proc = None
         try:
             with self._io_lock:
@@ -166,7 +177,8 @@ class ProcessBodyParser:
                 proc = self._busy = self._proc
             assert proc is not None and proc.stdin is not None and proc.stdout is not None
             out, inp = proc.stdin.fileno(), proc.stdout.fileno()
-            _write_all(out, len(body).to_bytes(_HEAD, "little"))
+            head = pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)
+            _write_all(out, len(head).to_bytes(_HEAD, "little") + head + len(body).to_bytes(_HEAD, "little"))
             _write_all(out, body)
             size = int.from_bytes(_read_exact(inp, _HEAD), "little")
             with mmap.mmap(-1, max(size, 1)) as buf:
@@ -185,11 +197,19 @@ class ProcessBodyParser:
                 assert proc is not None
                 _stop(proc)
         # parsed here instead, with the reference (this thread: the caller awaits it)
-        try:
-            parsed, recorded = parse_object(body)
-        except ApiError as err:
-            return None, None, (err.kind.value, err.message, err.status)
-        return parsed, None if recorded is body else recorded, None
+        return _reply(body, None)
+
+
+def _reply(body: bytes, call: Screen | None) -> _Reply:
+    """The reply for ``body``: its parse (as ``parse_object``), its parse error, or, with
+    ``call``, :func:`~openforge_proxy.domain.screen.screen`'s refusal."""
+    try:
+        parsed, recorded = parse_object(body)
+    except ApiError as err:
+        return None, None, (err.kind.value, err.message, err.status), None
+    if call is not None and (too_long := screen(parsed, call)) is not None:
+        return None, None, None, too_long
+    return parsed, None if recorded is body else recorded, None, None
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -236,19 +256,18 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> None:
     """The child's loop: reads bodies from ``inp`` and writes replies to ``out`` until ``inp``
     ends (the proxy closed it, or exited)."""
     while True:
-        head = inp.read(_HEAD)
-        if len(head) < _HEAD:
-            return
-        size = int.from_bytes(head, "little")
-        body = inp.read(size)
-        if len(body) < size:
-            return
-        reply: _Reply
-        try:
-            parsed, recorded = parse_object(body)
-            reply = (parsed, None if recorded is body else recorded, None)
-        except ApiError as err:
-            reply = (None, None, (err.kind.value, err.message, err.status))
+        frames = []
+        for _ in range(2):  # the screen, then the body
+            head = inp.read(_HEAD)
+            if len(head) < _HEAD:
+                return
+            size = int.from_bytes(head, "little")
+            frames.append(inp.read(size))
+            if len(frames[-1]) < size:
+                return
+        call: Screen | None = pickle.loads(frames[0])
+        body = frames.pop()
+        reply = _reply(body, call)
         data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
         del reply, body
         out.write(len(data).to_bytes(_HEAD, "little"))

@@ -52,6 +52,7 @@ from openforge_proxy.domain.protocols import anthropic, chat, dumps, responses
 from openforge_proxy.domain.protocols.memo import BodyMemo, ConversationMemo
 from openforge_proxy.domain.record import CallRecordData, Recorder, RecordTooLarge, failed_record
 from openforge_proxy.domain.runtime import ModelRuntime
+from openforge_proxy.domain.screen import Screen, TooLong
 from openforge_proxy.domain.scrub import BodyScrubber, scrub_headers
 from openforge_proxy.domain.sessions import Session, SessionRegistry
 from openforge_proxy.domain.splice import PromptPlan, PromptTooLong, Splicer, turn_id_of
@@ -92,8 +93,9 @@ class BodyParser(Protocol):
 
     min_bytes: int
 
-    async def parse(self, body: bytes) -> tuple[dict[str, Any], bytes]:
-        """What ``parse_object(body)`` returns.
+    async def parse(self, body: bytes, call: Screen | None = None) -> tuple[dict[str, Any], bytes] | TooLong:
+        """What ``parse_object(body)`` returns; with ``call``, :func:`.screen.screen`'s
+        refusal instead where it has one (the body's strings are then never built here).
 
         Raises:
             ApiError: What ``parse_object(body)`` raises (the same kind, message and status).
@@ -330,6 +332,7 @@ class CallHandler:
         self._states: dict[str, SessionCalls] = {}
         self._offload_min = offload_min_bytes
         self._parser = body_parser
+        self._loaded: ModelRuntime | None = None  # the model runtime, once loaded
         # per session: the lock its requests are prepared under (present while one is held or
         # awaited) and its calls admitted and not yet answered
         self._locks: dict[str, _SessionLock] = {}
@@ -383,7 +386,9 @@ class CallHandler:
         wire = WireApi.ANTHROPIC_MESSAGES
         try:
             session = self._authenticate(headers)
-            request, _ = await self._parse(body, None, offload=False)
+            parsed = await self._parse(body, None, offload=False)
+            assert not isinstance(parsed, TooLong)  # not screened
+            request, _ = parsed
             runtime = await self._load_runtime()
             try:
                 canonical = anthropic.parse({"max_tokens": 1, **request})
@@ -422,19 +427,31 @@ class CallHandler:
         """Whether ``body`` is parsed by the body parser (and converted without memos)."""
         return self._parser is not None and len(body) >= self._parser.min_bytes
 
-    async def _parse(self, body: bytes, memo: BodyMemo | None, *, offload: bool) -> tuple[dict[str, Any], bytes]:
+    async def _parse(
+        self, body: bytes, memo: BodyMemo | None, *, offload: bool, call: Screen | None = None
+    ) -> tuple[dict[str, Any], bytes] | TooLong:
         """The parsed body and the body as it is recorded (:func:`.json_text.parse_object`):
-        by the body parser for a large body, else here, in a worker thread if ``offload``."""
+        by the body parser for a large body (screened with ``call``), else here, in a worker
+        thread if ``offload``."""
         if self._parser is not None and self._large(body):
-            return await self._parser.parse(body)
+            return await self._parser.parse(body, call)
         loads = memo.loads if memo is not None else orjson.loads
         if offload:
             return await _off_loop(parse_object, body, loads)
         return parse_object(body, loads)
 
+    def _screen(self, wire: WireApi) -> Screen | None:
+        """What the body parser screens a large body of ``wire`` with: the loaded model's limits
+        (None before a model is loaded, or where its tokenizer has no plain bound)."""
+        runtime = self._loaded
+        if runtime is None or not runtime.info.context_length or not runtime.codec.plain_floor_piece:
+            return None
+        return Screen(wire, max(runtime.info.context_length - 1, 0), runtime.codec.plain_floor_piece)
+
     async def _load_runtime(self) -> ModelRuntime:
         try:
-            return await self._runtime()
+            self._loaded = await self._runtime()
+            return self._loaded
         except EngineUnavailable as exc:
             raise ApiError(ErrorKind.UNAVAILABLE, f"inference is unavailable: {exc}") from exc
         except OpenForgeError as exc:
@@ -547,8 +564,17 @@ class CallHandler:
     ) -> _Prepared:
         bodies = prior.body if prior is not None else BodyMemo()
         memos = not self._large(body)
-        parsed, body = await self._parse(body, bodies, offload=offload)
+        call = None if memos else self._screen(wire)
+        parsed_or_refused = await self._parse(body, bodies, offload=offload, call=call)
         runtime = await self._load_runtime()
+        if isinstance(parsed_or_refused, TooLong):
+            if self._screen(wire) != call:  # another model meanwhile: parsed again, unscreened
+                parsed_or_refused = await self._parse(body, bodies, offload=offload)
+            else:  # what the reference path checks before the prompt's length, then that
+                _check_model(session, parsed_or_refused.model)
+                raise ApiError(ErrorKind.INVALID_REQUEST, str(parsed_or_refused.error()))
+        assert not isinstance(parsed_or_refused, TooLong)
+        parsed, body = parsed_or_refused
         state = self._state(session.rollout_id, runtime, bodies)
         if offload:
             request, tools, canonical_json, plan = await _off_loop(_convert, wire, parsed, state, session, memos)

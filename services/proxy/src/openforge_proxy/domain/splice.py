@@ -501,6 +501,41 @@ class PromptTooLong(Exception):
         self.maximum = maximum
 
 
+def tool_forms(tools: Sequence[Tool]) -> tuple[list[dict[str, Any]], bytes]:
+    """The rendered tools' template forms and their JSON.
+
+    Raises:
+        orjson.JSONEncodeError: A tool's schema is nested deeper than orjson writes.
+    """
+    dicts = [t.template_dict() for t in tools if t.rendered]
+    return dicts, orjson.dumps(dicts)
+
+
+def check_fits(messages: Sequence[Message], min_tokens: Callable[[str, int], int], max_prompt: int) -> None:
+    """Refuses, before anything is rendered, a conversation whose system, user and tool messages'
+    text alone needs more than ``max_prompt`` tokens (chat templates render that text whole;
+    assistant text is not counted: a template may drop part of it, such as reasoning left in it).
+
+    Args:
+        messages: The canonical conversation.
+        min_tokens: ``(text, above)`` to a lower bound of the text's tokens
+            (:meth:`~openforge_proxy.domain.tokens.TokenizerCodec.min_tokens`).
+        max_prompt: The most tokens a prompt may have (0: no limit).
+
+    Raises:
+        PromptTooLong: It cannot fit; ``at_least`` is the sum up to the first message that
+            passes ``max_prompt``.
+    """
+    if not max_prompt:
+        return
+    at_least = 0
+    for m in messages:
+        if m.role != "assistant" and m.content:
+            at_least += min_tokens(m.content, max_prompt - at_least)
+            if at_least > max_prompt:
+                raise PromptTooLong(at_least, max_prompt)
+
+
 class Splicer:
     """Builds prompts for one session and remembers its generated turns.
 
@@ -670,8 +705,8 @@ class Splicer:
         last = self._tools
         if last is not None and last[0] is tools:
             return last[1]
-        dicts = [t.template_dict() for t in tools if t.rendered]
-        key = hashlib.blake2b(orjson.dumps(dicts), digest_size=16).hexdigest()
+        dicts, raw = tool_forms(tools)
+        key = hashlib.blake2b(raw, digest_size=16).hexdigest()
         out = key, self._tpl.shared_tools(key, dicts)
         self._tools = (tools, out)
         return out
@@ -824,22 +859,8 @@ class Splicer:
             report.break_detail = "a conversation that starts unlike any earlier one of this session"
 
     def _check_fits(self, messages: list[Message]) -> None:
-        """Refuses, before anything is rendered, a conversation whose system, user and tool
-        messages' text alone needs more tokens than ``max_prompt_tokens`` (chat templates
-        render that text whole; assistant text is not counted: a template may drop part of
-        it, such as reasoning left in it).
-
-        Raises:
-            PromptTooLong: It cannot fit.
-        """
-        if not self._max_prompt:
-            return
-        at_least = 0
-        for m in messages:
-            if m.role != "assistant" and m.content:
-                at_least += self._codec.min_tokens(m.content, above=self._max_prompt - at_least)
-                if at_least > self._max_prompt:
-                    raise PromptTooLong(at_least, self._max_prompt)
+        """:func:`check_fits` with this session's tokenizer and most prompt tokens."""
+        check_fits(messages, lambda text, above: self._codec.min_tokens(text, above=above), self._max_prompt)
 
     def _render(
         self, view: list[Message], turns: list[str | None], tool_dicts: list[dict[str, Any]]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -221,6 +221,31 @@ def _byte_of() -> dict[str, int]:
 _BYTE_OF = _byte_of()
 
 
+def text_floor(text: str, longest: int, above: int = 0, normalize: Callable[[str], str] | None = None) -> int:
+    """A lower bound of a text's token count: ``ceil(n / longest)``, ``n`` its UTF-8 bytes after
+    ``normalize`` (a token stands for at most ``longest`` bytes; see
+    :meth:`TokenizerCodec.min_tokens`). 0 when ``longest`` is 0 (no bound known).
+
+    Args:
+        text: The text.
+        longest: The vocabulary's longest piece, UTF-8 bytes.
+        above: 0 is also returned, without normalizing the text, where its length alone shows
+            the bound is at most ``above``; a smaller bound than the best may be returned where
+            that one already exceeds ``above``.
+        normalize: The tokenizer's normalizer (None: it has none; the text is bounded as is).
+    """
+    if not longest or not text or -(-4 * len(text) // longest) <= above:
+        return 0
+    if normalize is None:
+        by_chars = -(-len(text) // longest)  # a text has at least as many bytes as characters
+        if by_chars > above:
+            return by_chars
+        normalized = text
+    else:
+        normalized = normalize(text)
+    return -(-len(normalized.encode("utf-8", "surrogatepass")) // longest)
+
+
 class TokenizerCodec:
     """A ``tokenizers.Tokenizer`` with chunked encoding and streaming decoding.
 
@@ -266,34 +291,28 @@ class TokenizerCodec:
         return self._tok.token_to_id(token)
 
     def min_tokens(self, text: str, *, above: int = 0) -> int:
-        """A lower bound of ``len(encode(text))``, found without encoding (0 when none is known).
+        """A lower bound of ``len(encode(text))``, found without encoding (0 when none is known):
+        :func:`text_floor` with this tokenizer's longest piece and normalizer.
 
         Every token stands for at most as many bytes of the (normalized) text as its vocabulary
         piece is long in UTF-8 bytes (a byte-level piece spells one byte per character; a
-        ``▁`` or ``<0x0A>`` piece is longer than what it stands for), so a text of ``n`` bytes
-        needs at least ``ceil(n / longest piece)`` tokens. Only for vocabularies where no token
-        stands for more than its piece: byte-level BPE (GPT-2, Qwen, Llama 3) or BPE with byte
-        fallback; a vocabulary with an unknown-token piece has none (0). A tokenizer with a
-        normalizer is bounded on the normalized text (normalizing can shorten it).
+        ``▁`` or ``<0x0A>`` piece is longer than what it stands for). Only for vocabularies where
+        no token stands for more than its piece: byte-level BPE (GPT-2, Qwen, Llama 3) or BPE with
+        byte fallback; a vocabulary with an unknown-token piece has none (0).
 
         Args:
             text: The text.
-            above: 0 is also returned, without normalizing the text, where its length alone
-                shows the bound is at most ``above``; a smaller bound than the best may be
-                returned where that one already exceeds ``above``.
+            above: As :func:`text_floor`'s.
         """
-        longest = self._longest_piece()
-        if not longest or not text or -(-4 * len(text) // longest) <= above:
-            return 0
         normalizer = self._tok.normalizer
-        if normalizer is None:
-            by_chars = -(-len(text) // longest)  # a text has at least as many bytes as characters
-            if by_chars > above:
-                return by_chars
-            normalized = text
-        else:
-            normalized = normalizer.normalize_str(text)
-        return -(-len(normalized.encode("utf-8", "surrogatepass")) // longest)
+        normalize = normalizer.normalize_str if normalizer is not None else None
+        return text_floor(text, self._longest_piece(), above, normalize)
+
+    @property
+    def plain_floor_piece(self) -> int:
+        """The longest piece (UTF-8 bytes) where :func:`text_floor` needs nothing else of this
+        tokenizer to bound a text (it has no normalizer), else 0."""
+        return self._longest_piece() if self._tok.normalizer is None else 0
 
     def _longest_piece(self) -> int:
         if self._max_piece is None:
