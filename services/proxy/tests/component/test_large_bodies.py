@@ -111,7 +111,7 @@ async def test_every_body_answers_as_the_reference_path(model_dir: Path, start_p
             screened.append(got.model)
         return got
 
-    parser.parse = spy  # type: ignore[method-assign]
+    parser.parse = spy
     answers: list[list[tuple[int, Any]]] = []
     for proxy in (reference, fast):
         key = proxy.session(model_name="m")

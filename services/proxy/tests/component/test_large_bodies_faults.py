@@ -76,7 +76,9 @@ async def test_nesting_orjson_parses_does_not_kill_the_child() -> None:
             raw = b'{"a":' + b"[" * depth + b"]" * depth + b"}"
             await _fast(parser, b"{}")
             pid = parser.pid
-            parsed, recorded = await parser.parse(raw)
+            got = await parser.parse(raw)
+            assert isinstance(got, tuple)  # parsed, not screened
+            parsed, recorded = got
             assert recorded is raw and _depth(parsed["a"]) == depth  # (== recurses too deep)
             assert parser.pid == pid, f"the child died on a body {depth} deep"
     finally:

@@ -48,7 +48,8 @@ from openforge_proxy.domain.engine import Delta, Engine, EngineRejected, EngineU
 from openforge_proxy.domain.families import Event
 from openforge_proxy.domain.json_text import parse_object
 from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, ToolCallOut, Usage
-from openforge_proxy.domain.protocols import anthropic, chat, dumps, responses
+from openforge_proxy.domain.protocols import anthropic, dumps
+from openforge_proxy.domain.protocols.codec import CODECS, ParseContext, StreamEncoder, WireCodec
 from openforge_proxy.domain.protocols.memo import BodyMemo, ConversationMemo
 from openforge_proxy.domain.record import CallRecordData, Recorder, RecordTooLarge, failed_record
 from openforge_proxy.domain.runtime import ModelRuntime
@@ -159,8 +160,7 @@ class SessionCalls:
         self.splicer = splicer
         self.calls: dict[str, _CallState] = {}
         self.counter = 0
-        self.anthropic = ConversationMemo()
-        self.chat = ConversationMemo()
+        self._memos: dict[WireApi, ConversationMemo] = {}
         self.body = bodies if bodies is not None else BodyMemo()
         self.scrubber = BodyScrubber()
         self.bases: OrderedDict[str, RecordBase] = OrderedDict()
@@ -173,11 +173,16 @@ class SessionCalls:
         """Forgets what was kept from earlier requests only to make the next one cheaper (parsed
         bodies and conversations, renders, encoded chunks, the last call key's hash): a refused
         request leaves nothing behind. The calls seen, generated turns and record bases stay."""
-        self.anthropic = ConversationMemo()
-        self.chat = ConversationMemo()
+        self._memos.clear()
         self.body = BodyMemo()
         self._key = None
         self.splicer.drop_caches()
+
+    def parse_context(self, wire: WireApi, *, memos: bool = True) -> ParseContext:
+        """What this session lends the parse of its next request of ``wire``'s API (its previous
+        conversation of that API only with ``memos``)."""
+        memo = self._memos.setdefault(wire, ConversationMemo()) if memos else None
+        return ParseContext(memo, self.splicer.turn_of_ref)
 
     def call_key(self, tools_key: str, packed: bytes) -> str:
         """The call's identity: hex BLAKE2b-128 of ``tools_key`` (UTF-8) then ``packed`` (the
@@ -224,17 +229,6 @@ class SessionCalls:
             self.bases.popitem(last=False)
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Request limits of the HTTP API.
-
-    Attributes:
-        default_max_tokens: Completion cap when nothing else sets one.
-    """
-
-    default_max_tokens: int = DEFAULT_MAX_TOKENS
-
-
 RuntimeGetter = Callable[[], Awaitable[ModelRuntime]]
 
 
@@ -254,13 +248,9 @@ def _key(headers: Mapping[str, str]) -> str:
 
 def error_response(wire: WireApi, err: ApiError, request_id: str) -> tuple[int, bytes, dict[str, str]]:
     """Status, body and headers of an error in the protocol's own shape."""
-    headers: dict[str, str] = {}
-    if wire is WireApi.ANTHROPIC_MESSAGES:
-        body = anthropic.error_body(err, request_id)
-        headers["request-id"] = request_id
-    else:
-        body = responses.error_body(err, request_id)
-        headers["x-request-id"] = request_id
+    codec = CODECS[wire]
+    body = codec.error_body(err, request_id)
+    headers = {codec.id_header: request_id}
     if err.retry_after_s is not None:
         headers["retry-after"] = str(err.retry_after_s)
     return err.status, dumps(body), headers
@@ -701,11 +691,11 @@ class CallHandler:
             return
         gen = _Generation(p)
         out = gen.out
-        encoder = _encoder(p, out)
+        encoder = p.codec.stream_encoder(p.request, out, p.sampling)
         usage0 = Usage(len(p.plan.prompt), 0, p.plan.cached_tokens)
         sent: list[bytes] = []
         ttfb = 0.0
-        id_header = "request-id" if wire is WireApi.ANTHROPIC_MESSAGES else "x-request-id"
+        id_header = p.codec.id_header
         try:
             if p.request.stream:
                 await responder.begin_stream({id_header: request_id})
@@ -754,7 +744,7 @@ class CallHandler:
                 final = tail + encoder.finish(usage)
             else:
                 ttfb = time.monotonic() - received
-                final = dumps(_response_body(p, out, usage))
+                final = dumps(p.codec.response_body(p.request, out, usage, p.sampling))
             sent.append(final)
             if pre is None:
                 pre = _PreRecord.of(p, body, self._recorder)
@@ -937,12 +927,7 @@ class CallHandler:
         task.add_done_callback(self._draining.discard)
 
     def _finish_ids(self, p: _Prepared, out: AssistantOutput) -> None:
-        if p.request.wire is WireApi.ANTHROPIC_MESSAGES:
-            anthropic.prepare_ids(out)
-        elif p.request.wire is WireApi.OPENAI_RESPONSES:
-            responses.prepare_ids(out, p.request)
-        else:
-            chat.prepare_ids(out)
+        p.codec.prepare_ids(out, p.request)
 
 
 def _build(
@@ -973,12 +958,7 @@ def _convert(
         ApiError: The request is invalid, names another model, or cannot be rendered or fit.
     """
     try:
-        if wire is WireApi.OPENAI_RESPONSES:
-            request = responses.parse(parsed, state.splicer.turn_of_ref)
-        elif wire is WireApi.ANTHROPIC_MESSAGES:
-            request = anthropic.parse(parsed, state.anthropic if memos else None)
-        else:
-            request = chat.parse(parsed, state.chat if memos else None)
+        request = CODECS[wire].parse(parsed, state.parse_context(wire, memos=memos))
     except InvalidArgument as exc:
         raise ApiError(ErrorKind.INVALID_REQUEST, exc.message) from exc
     except orjson.JSONEncodeError as exc:
@@ -1078,31 +1058,10 @@ class _Prepared:
     settled: bool = False  # the tokens used were counted and the reservation freed
     failure_recorded: bool = False  # its failed record (error, no ids) was stored or tried
 
-
-class _Encoder(Protocol):
-    def start(self, usage: Usage) -> bytes: ...
-    def reasoning(self, delta: str) -> bytes: ...
-    def text(self, delta: str) -> bytes: ...
-    def finish(self, usage: Usage) -> bytes: ...
-    def error(self, message: str) -> bytes: ...
-
-
-def _encoder(p: _Prepared, out: AssistantOutput) -> _Encoder:
-    req = p.request
-    if req.wire is WireApi.ANTHROPIC_MESSAGES:
-        return anthropic.StreamEncoder(out, req.model, req.want_reasoning)
-    if req.wire is WireApi.OPENAI_RESPONSES:
-        return responses.StreamEncoder(req, out, p.sampling)
-    return chat.StreamEncoder(out, req.model, req.include_usage)
-
-
-def _response_body(p: _Prepared, out: AssistantOutput, usage: Usage) -> dict[str, Any]:
-    req = p.request
-    if req.wire is WireApi.ANTHROPIC_MESSAGES:
-        return anthropic.response_body(out, usage, req.model, req.want_reasoning)
-    if req.wire is WireApi.OPENAI_RESPONSES:
-        return responses.response_body(req, out, usage, p.sampling)
-    return chat.response_body(out, usage, req.model)
+    @property
+    def codec(self) -> WireCodec:
+        """The codec of the request's API."""
+        return CODECS[self.request.wire]
 
 
 class _Generation:
@@ -1125,7 +1084,7 @@ class _Generation:
         self._finish: Finish | None = None
         self._stopped = False
 
-    def feed(self, delta: Delta, encoder: _Encoder | None) -> bytes:
+    def feed(self, delta: Delta, encoder: StreamEncoder | None) -> bytes:
         k = len(delta.token_ids)
         self.ids.extend(delta.token_ids)
         self.logprobs.extend(delta.logprobs)
@@ -1161,7 +1120,7 @@ class _Generation:
             self._finish = delta.finish
         return data
 
-    def _events(self, events: list[Event], encoder: _Encoder | None) -> bytes:
+    def _events(self, events: list[Event], encoder: StreamEncoder | None) -> bytes:
         data = b""
         out = self.out
         for ev in events:
@@ -1201,7 +1160,7 @@ class _Generation:
             namespace=tool.namespace if tool is not None else None,
         )
 
-    def close(self, encoder: _Encoder | None) -> bytes:
+    def close(self, encoder: StreamEncoder | None) -> bytes:
         """Ends parsing (the stream finished); returns the last deltas' bytes."""
         data = self._events(self._parser.finish(), encoder)
         self.out.finish = self._finish or Finish.STOP
@@ -1242,7 +1201,14 @@ class _PreRecord:
 
 
 async def _break_off(
-    responder: Responder, encoder: _Encoder, err: ApiError, wire: WireApi, request_id: str, *, stream: bool, held: bool
+    responder: Responder,
+    encoder: StreamEncoder,
+    err: ApiError,
+    wire: WireApi,
+    request_id: str,
+    *,
+    stream: bool,
+    held: bool,
 ) -> None:
     """Ends a call whose answer is ready or begun with ``err``: a held answer is broken off (the
     harness sees a broken response and retries), a stream ends with the protocol's error event,

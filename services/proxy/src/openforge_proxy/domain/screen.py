@@ -9,8 +9,8 @@ process instead, and its :class:`TooLong` (a few numbers and the model's name) i
 back.
 
 It answers only where the reference path would refuse the body for that very reason: the body
-converts (:func:`~openforge_proxy.domain.protocols.anthropic.parse` and the others without the
-session's memos, as a large body is converted), its tools can be written again, and its text
+converts (:meth:`~openforge_proxy.domain.protocols.codec.WireCodec.parse` without the session's
+memos, as a large body is converted), its tools can be written again, and its text
 cannot fit. Otherwise (None) the body is parsed and served as any other. The proxy still checks,
 in the reference path's order, what needs the session: that inference is up and that the model
 is the session's (:meth:`~openforge_proxy.domain.handler.CallHandler.handle`).
@@ -24,8 +24,8 @@ from typing import Any
 import orjson
 
 from openforge_core.errors import InvalidArgument
-from openforge_proxy.domain.conversation import CanonicalRequest, WireApi
-from openforge_proxy.domain.protocols import anthropic, chat, responses
+from openforge_proxy.domain.conversation import WireApi
+from openforge_proxy.domain.protocols.codec import CODECS, ParseContext
 from openforge_proxy.domain.splice import PromptTooLong, check_fits, tool_forms
 from openforge_proxy.domain.tokens import text_floor
 
@@ -69,7 +69,9 @@ def screen(parsed: dict[str, Any], call: Screen) -> TooLong | None:
     """:class:`TooLong` where the reference path converts ``parsed`` and refuses it as too long
     (:func:`~openforge_proxy.domain.splice.check_fits`), else None (an invalid body included)."""
     try:
-        request = _convert(call.wire, parsed)
+        # as a large body is converted: no memos; a Responses item's turn (what the session knows
+        # of earlier responses) only groups assistant items, whose text check_fits does not count
+        request = CODECS[call.wire].parse(parsed, ParseContext())
         tool_forms(request.tools)
     except (InvalidArgument, orjson.JSONEncodeError):
         return None
@@ -78,13 +80,3 @@ def screen(parsed: dict[str, Any], call: Screen) -> TooLong | None:
     except PromptTooLong as exc:
         return TooLong(request.model, exc.at_least, exc.maximum)
     return None
-
-
-def _convert(wire: WireApi, parsed: dict[str, Any]) -> CanonicalRequest:
-    # as a large body is converted: no memos; a Responses item's turn (what the session knows of
-    # earlier responses) only groups assistant items, whose text check_fits does not count
-    if wire is WireApi.OPENAI_RESPONSES:
-        return responses.parse(parsed)
-    if wire is WireApi.ANTHROPIC_MESSAGES:
-        return anthropic.parse(parsed)
-    return chat.parse(parsed)

@@ -8,7 +8,8 @@ the model's output back into its own response and SSE shapes.
 Each module exposes ``parse(body) -> CanonicalRequest``, ``error_body(err,
 request_id) -> dict``, a ``StreamEncoder`` (SSE bytes for the preamble, each
 reasoning/text delta, the end, and a mid-stream error) and
-``response_body(...) -> dict`` for non-streaming answers. Event names, field
+``response_body(...) -> dict`` for non-streaming answers; :mod:`.codec` gives
+the call pipeline each API as one :class:`~.codec.WireCodec`. Event names, field
 order and usage placement follow what Claude Code 2.1.332, Codex 0.171.0 and
 OpenClaw 2026.9.6 accepted (``reference/harness-protocols.md`` §2-§6 and the
 harness captures).
