@@ -33,7 +33,7 @@ import sys
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar, cast
 
 import orjson
@@ -488,7 +488,7 @@ class CallHandler:
             await responder.send_json(status, payload, extra)
             return
         try:
-            await self._serve(prepared, prepared.body, headers, responder, request_id, received, receive_time)
+            await self._serve(prepared, headers, responder, request_id, received, receive_time)
         except BaseException as exc:  # a bug, or the proxy stopping: the admitted call still leaves its record
             if not (prepared.settled or prepared.failure_recorded):
                 log.error(EV_CALL_FAILED, call_id=prepared.call_id, attempt=prepared.attempt, error=repr(exc))
@@ -656,218 +656,273 @@ class CallHandler:
     async def _serve(
         self,
         p: _Prepared,
-        body: bytes,
         headers: Mapping[str, str],
         responder: Responder,
         request_id: str,
         received: float,
         receive_time: float,
     ) -> None:
-        wire = p.request.wire
+        """One admitted call's stages: first delta, generation, answer, record (published, the
+        turn committed), tokens counted, answer delivered. Each stage that ends the call answers
+        it and leaves its failed record itself."""
         gen_id = f"{p.session.rollout_id}/{p.call_id}/{p.attempt}"
         stream = self._engine.generate(gen_id, p.plan.prompt, p.sampling)
-        # The record's parts that do not depend on the answer are built while the engine
-        # computes, not after it: before the first token of a non-streamed answer (the
-        # engine's prefill is the longest wait of a call), after the first byte of a stream
-        # (so the time to first byte does not wait for them).
-        pre: _PreRecord | None = None
+        try:
+            first, pre = await self._first_delta(p, stream)
+        except (EngineUnavailable, EngineRejected) as exc:
+            kind = ErrorKind.UNAVAILABLE if isinstance(exc, EngineUnavailable) else ErrorKind.INVALID_REQUEST
+            status, payload, extra = error_response(p.request.wire, ApiError(kind, f"inference: {exc}"), request_id)
+            log.info(EV_CALL_FAILED, wire=p.request.wire.value, status=status, call_id=p.call_id, reason=str(exc))
+            await self._record_failed(p, headers, f"inference: {exc}", status, received, receive_time)
+            await responder.send_json(status, payload, extra)
+            return
+        gen = _Generation(p)
+        encoder = p.codec.stream_encoder(p.request, gen.out, p.sampling)
+        call = _Call(p, headers, responder, request_id, received, receive_time, gen, encoder, pre)
+        try:
+            tail = await self._generate(call, first, stream, gen_id)
+            if tail is None:
+                return
+            usage, final = self._answer(call, tail)
+            if not await self._check_session(call):
+                return
+            record = self._record(call, usage)
+            if await self._publish(call, record, final) and await self._settle(call, usage):
+                p.state.recorded(record, call.turn_id)
+                await self._deliver(call, final, usage)
+        finally:
+            self._drain(stream, p.call_id)
+
+    async def _first_delta(self, p: _Prepared, stream: AsyncIterator[Delta]) -> tuple[Delta, _PreRecord | None]:
+        """The generation's first delta, and for a non-streamed answer the record's parts that do
+        not depend on the answer, built while the engine computes (its prefill is the longest
+        wait of a call); a stream's are built after its first byte, so that byte does not wait.
+
+        Raises:
+            EngineUnavailable, EngineRejected: The generation failed before its first token.
+        """
+        pre = None
         first_delta = asyncio.ensure_future(_first(stream))
         if not p.request.stream:
             try:
                 for _ in range(_SEND_YIELDS):  # let the Generate request leave first
                     await asyncio.sleep(0)
-                pre = _PreRecord.of(p, body, self._recorder)
+                pre = _PreRecord.of(p, self._recorder)
             except BaseException:  # cancelled meanwhile (client gone), or a bug: end the generation
                 first_delta.cancel()
                 raise
-        try:
-            first = await first_delta
-        except (EngineUnavailable, EngineRejected) as exc:
-            kind = ErrorKind.UNAVAILABLE if isinstance(exc, EngineUnavailable) else ErrorKind.INVALID_REQUEST
-            status, payload, extra = error_response(wire, ApiError(kind, f"inference: {exc}"), request_id)
-            log.info(EV_CALL_FAILED, wire=wire.value, status=status, call_id=p.call_id, reason=str(exc))
-            await self._record_failed(p, headers, f"inference: {exc}", status, received, receive_time)
-            await responder.send_json(status, payload, extra)
-            return
-        gen = _Generation(p)
-        out = gen.out
-        encoder = p.codec.stream_encoder(p.request, out, p.sampling)
-        usage0 = Usage(len(p.plan.prompt), 0, p.plan.cached_tokens)
-        sent: list[bytes] = []
-        ttfb = 0.0
-        id_header = p.codec.id_header
+        return await first_delta, pre
+
+    async def _generate(self, call: _Call, first: Delta, stream: AsyncIterator[Delta], gen_id: str) -> bytes | None:
+        """The generation read to its finish (a streamed answer written as it comes); returns
+        what the encoder still holds, or None where the call ended here (the client left, or
+        inference failed mid-generation: answered and recorded as failed)."""
+        p, gen, encoder, responder = call.p, call.gen, call.encoder, call.responder
         try:
             if p.request.stream:
-                await responder.begin_stream({id_header: request_id})
-                ttfb = time.monotonic() - received
-                data = encoder.start(usage0) + gen.feed(first, encoder)
-                sent.append(data)
+                await responder.begin_stream({p.codec.id_header: call.request_id})
+                call.ttfb = time.monotonic() - call.received
+                data = encoder.start(call.usage0) + gen.feed(first, encoder)
+                call.sent.append(data)
                 await responder.write(data)
-                pre = _PreRecord.of(p, body, self._recorder)
+                call.pre = _PreRecord.of(p, self._recorder)
                 async for delta in _until_finish(first, stream):
                     data = gen.feed(delta, encoder)
                     if data:
-                        sent.append(data)
+                        call.sent.append(data)
                         await responder.write(data)
             else:
                 gen.feed(first, None)
                 async for delta in _until_finish(first, stream):
                     gen.feed(delta, None)
-            tail = gen.close(encoder if p.request.stream else None)
+            return gen.close(encoder if p.request.stream else None)
         except ClientGone:
             log.info(EV_CLIENT_GONE, call_id=p.call_id, attempt=p.attempt)
             await self._engine.abort(gen_id)
             await self._record_failed(
-                p, headers, "the client went away", 0, received, receive_time, finish=Finish.ABORT
+                p, call.headers, "the client went away", 0, call.received, call.receive_time, finish=Finish.ABORT
             )
-            return
         except (EngineUnavailable, EngineRejected) as exc:
             log.info(EV_CALL_FAILED, call_id=p.call_id, attempt=p.attempt, reason=str(exc), mid_stream=True)
             err = ApiError(ErrorKind.UNAVAILABLE, f"inference: {exc}")
             # a stream began with 200 and ends with the protocol's error event
             status = 200 if p.request.stream else err.status
-            await self._record_failed(p, headers, err.message, status, received, receive_time)
+            await self._record_failed(p, call.headers, err.message, status, call.received, call.receive_time)
             if p.request.stream:
                 try:
                     await responder.write(encoder.error(f"inference failed: {exc}"))
                 except ClientGone:
                     pass
             else:
-                status, payload, extra = error_response(wire, err, request_id)
+                status, payload, extra = error_response(p.request.wire, err, call.request_id)
                 await responder.send_json(status, payload, extra)
-            return
-        # the RPC's end is read once the answer is out (what it costs is not on the answer's path)
+        return None
+
+    def _answer(self, call: _Call, tail: bytes) -> tuple[Usage, bytes]:
+        """The call's usage and the answer's last bytes (a stream's end, or the whole answer).
+        The RPC's end is read once the answer is out: what it costs is not on the answer's path."""
+        p, out = call.p, call.gen.out
+        usage = call.gen.usage(p.plan.cached_tokens)
+        self._finish_ids(p, out)
+        if p.request.stream:
+            final = tail + call.encoder.finish(usage)
+        else:
+            call.ttfb = time.monotonic() - call.received
+            final = dumps(p.codec.response_body(p.request, out, usage, p.sampling))
+        call.sent.append(final)
+        if call.pre is None:
+            call.pre = _PreRecord.of(p, self._recorder)
+        return usage, final
+
+    async def _check_session(self, call: _Call) -> bool:
+        """Whether the call's session is still the one it was admitted in (checked before anything
+        is published or sent: a session gone meanwhile fails the call cleanly)."""
         try:
-            usage = gen.usage(p.plan.cached_tokens)
-            self._finish_ids(p, out)
-            if p.request.stream:
-                final = tail + encoder.finish(usage)
+            self._sessions.current(call.p.session)
+        except OpenForgeError:
+            err = ApiError(ErrorKind.AUTHENTICATION, "the session ended while the call was served")
+            log.info(EV_CALL_FAILED, call_id=call.p.call_id, attempt=call.p.attempt, reason=err.message)
+            await self._record_failed(call.p, call.headers, err.message, 0, call.received, call.receive_time)
+            await self._break_off(call, err)
+            return False
+        return True
+
+    def _record(self, call: _Call, usage: Usage) -> CallRecordData:
+        """The call's record."""
+        p, gen, pre = call.p, call.gen, call.pre
+        assert pre is not None
+        return CallRecordData(
+            rollout_id=p.session.rollout_id,
+            run_id=p.session.run_id,
+            call_id=p.call_id,
+            attempt=p.attempt,
+            wire_api=p.request.wire,
+            model=p.request.model,
+            request_json=pre.request_json,
+            request_headers=scrub_headers(call.headers),
+            canonical_json=pre.canonical_json,
+            prompt=p.plan.prompt,
+            completion_ids=gen.ids,
+            logprobs=gen.logprobs,
+            policy_versions=gen.versions,
+            sampling=p.sampling,
+            finish=gen.out.finish,
+            receive_time=call.receive_time,
+            ttfb_s=call.ttfb,
+            total_s=time.monotonic() - call.received,
+            splice=p.plan.report,
+            response_body=b"".join(call.sent),
+            stream=p.request.stream,
+            extra={"turn_id": call.turn_id},
+            cut=pre.cut,
+            parts=pre.parts,
+            rollout_attempt=p.session.rollout_attempt,
+            role=p.call_class.role,
+            lineage_id=p.call_class.lineage_id,
+        )
+
+    async def _publish(self, call: _Call, record: CallRecordData, final: bytes) -> bool:
+        """Publishes the record and commits the call's turn to the session's splice state; False
+        (the call broken off, recorded as failed) where the bus did not acknowledge the record.
+
+        A whole answer is held one byte short while the bus acknowledges (:meth:`Responder.hold_json`):
+        the harness holds no complete answer before its record is stored."""
+        p, responder = call.p, call.responder
+        recording = asyncio.ensure_future(self._recorder.record(record))
+        # one turn: the record is encoded and queued, or refused (too large, no connection);
+        # another: the bus client's writer sends it, so its acknowledgement is under way
+        # while the answer is written and the turn committed
+        for _ in range(_PUBLISH_YIELDS):
+            await asyncio.sleep(0)
+        if not p.request.stream and not recording.done():
+            await responder.hold_json(200, final, {p.codec.id_header: call.request_id})
+            call.held = True
+        # no request can hold this turn before its answer is complete (after the acknowledgement)
+        try:
+            p.state.splicer.commit(
+                p.plan, call_id=p.call_id, attempt=p.attempt, output=call.gen.out, sampled=call.gen.ids
+            )
+            if responder.client_gone():  # left already: its answer will not reach it
+                p.state.splicer.undelivered(call.turn_id)
+        except BaseException:  # a bug: the answer must not stay one byte short
+            if call.held:
+                responder.abort()
+            recording.cancel()
+            raise
+        try:
+            await recording
+        except Exception as exc:
+            if isinstance(exc, RecordTooLarge):  # retrying cannot succeed: the harness must stop
+                log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=str(exc))
+                err = ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {exc}")
+                # nothing of the refused call stays in the session (its ids, the body parsed)
+                p.state.splicer.forget_head(call.turn_id)
+                p.state.drop_caches()
             else:
-                ttfb = time.monotonic() - received
-                final = dumps(p.codec.response_body(p.request, out, usage, p.sampling))
-            sent.append(final)
-            if pre is None:
-                pre = _PreRecord.of(p, body, self._recorder)
-            # before anything is published or sent: a session gone meanwhile fails the call cleanly
-            try:
-                self._sessions.current(p.session)
-            except OpenForgeError:
-                err = ApiError(ErrorKind.AUTHENTICATION, "the session ended while the call was served")
-                log.info(EV_CALL_FAILED, call_id=p.call_id, attempt=p.attempt, reason=err.message)
-                await self._record_failed(p, headers, err.message, 0, received, receive_time)
-                await _break_off(responder, encoder, err, wire, request_id, stream=p.request.stream, held=False)
-                return
-            turn_id = turn_id_of(p.call_id, p.attempt)
-            record = CallRecordData(
-                rollout_id=p.session.rollout_id,
-                run_id=p.session.run_id,
-                call_id=p.call_id,
-                attempt=p.attempt,
-                wire_api=wire,
-                model=p.request.model,
-                request_json=pre.request_json,
-                request_headers=scrub_headers(headers),
-                canonical_json=pre.canonical_json,
-                prompt=p.plan.prompt,
-                completion_ids=gen.ids,
-                logprobs=gen.logprobs,
-                policy_versions=gen.versions,
-                sampling=p.sampling,
-                finish=out.finish,
-                receive_time=receive_time,
-                ttfb_s=ttfb,
-                total_s=time.monotonic() - received,
-                splice=p.plan.report,
-                response_body=b"".join(sent),
-                stream=p.request.stream,
-                extra={"turn_id": turn_id},
-                cut=pre.cut,
-                parts=pre.parts,
-                rollout_attempt=p.session.rollout_attempt,
-                role=p.call_class.role,
-                lineage_id=p.call_class.lineage_id,
-            )
-            recording = asyncio.ensure_future(self._recorder.record(record))
-            # one turn: the record is encoded and queued, or refused (too large, no connection);
-            # another: the bus client's writer sends it, so its acknowledgement is under way
-            # while the answer is written and the turn committed
-            for _ in range(_PUBLISH_YIELDS):
-                await asyncio.sleep(0)
-            held = False
-            if not p.request.stream and not recording.done():
-                # all of the answer but its last byte leaves while the bus acknowledges the record:
-                # the harness holds no complete answer before the record is stored
-                await responder.hold_json(200, final, {id_header: request_id})
-                held = True
-            # no request can hold this turn before its answer is complete (after the acknowledgement)
-            try:
-                p.state.splicer.commit(p.plan, call_id=p.call_id, attempt=p.attempt, output=out, sampled=gen.ids)
-                if responder.client_gone():  # left already: its answer will not reach it
-                    p.state.splicer.undelivered(turn_id)
-            except BaseException:  # a bug: the answer must not stay one byte short
-                if held:
-                    responder.abort()
-                recording.cancel()
-                raise
-            try:
-                await recording
-            except Exception as exc:
-                if isinstance(exc, RecordTooLarge):  # retrying cannot succeed: the harness must stop
-                    log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=str(exc))
-                    err = ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {exc}")
-                    # nothing of the refused call stays in the session (its ids, the body parsed)
-                    p.state.splicer.forget_head(turn_id)
-                    p.state.drop_caches()
-                else:
-                    log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=type(exc).__name__)
-                    err = ApiError(ErrorKind.UNAVAILABLE, "the call could not be recorded; retry")
-                await self._record_failed(p, headers, f"record: {exc}", 0, received, receive_time)
-                await _break_off(responder, encoder, err, wire, request_id, stream=p.request.stream, held=held)
-                return
-            # counted once stored (a call that could not be recorded is retried, and counted then)
-            try:
-                self._sessions.settle(p.session, reserved=p.reserved, tokens=usage0.prompt_tokens + len(gen.ids))
-            except OpenForgeError:  # the session was replaced while the record was acknowledged
-                p.settled = True  # nothing of it is left to release
-                err = ApiError(ErrorKind.AUTHENTICATION, "the session ended while the call was served")
-                log.info(EV_CALL_FAILED, call_id=p.call_id, attempt=p.attempt, reason=err.message, recorded=True)
-                await _break_off(responder, encoder, err, wire, request_id, stream=p.request.stream, held=held)
-                return
-            p.settled = True
-            p.state.recorded(record, turn_id)
-            try:
-                if p.request.stream:
-                    await responder.write(final)
-                elif held:
-                    await responder.release()
-                else:
-                    await responder.send_json(200, final, {id_header: request_id})
-                if responder.client_gone():
-                    raise ClientGone()
-            except ClientGone:
-                log.info(
-                    EV_CLIENT_GONE,
-                    rollout_id=p.session.rollout_id,
-                    call_id=p.call_id,
-                    attempt=p.attempt,
-                    after_record=True,
-                )
-                p.state.splicer.undelivered(turn_id)
-                return
+                log.error(EV_RECORD_FAILED, call_id=p.call_id, attempt=p.attempt, error=type(exc).__name__)
+                err = ApiError(ErrorKind.UNAVAILABLE, "the call could not be recorded; retry")
+            await self._record_failed(p, call.headers, f"record: {exc}", 0, call.received, call.receive_time)
+            await self._break_off(call, err)
+            return False
+        return True
+
+    async def _settle(self, call: _Call, usage: Usage) -> bool:
+        """Counts the call's tokens in its session once stored (a call that could not be recorded
+        is retried, and counted then); False (the call broken off) where the session was
+        replaced while the record was acknowledged."""
+        p = call.p
+        try:
+            self._sessions.settle(p.session, reserved=p.reserved, tokens=usage.prompt_tokens + len(call.gen.ids))
+        except OpenForgeError:
+            p.settled = True  # nothing of it is left to release
+            err = ApiError(ErrorKind.AUTHENTICATION, "the session ended while the call was served")
+            log.info(EV_CALL_FAILED, call_id=p.call_id, attempt=p.attempt, reason=err.message, recorded=True)
+            await self._break_off(call, err)
+            return False
+        p.settled = True
+        return True
+
+    async def _deliver(self, call: _Call, final: bytes, usage: Usage) -> None:
+        """The answer's last bytes to the harness (a held answer released)."""
+        p, responder = call.p, call.responder
+        try:
+            if p.request.stream:
+                await responder.write(final)
+            elif call.held:
+                await responder.release()
+            else:
+                await responder.send_json(200, final, {p.codec.id_header: call.request_id})
+            if responder.client_gone():
+                raise ClientGone()
+        except ClientGone:
             log.info(
-                EV_CALL_DONE,
-                rollout_id=p.session.rollout_id,
-                call_id=p.call_id,
-                attempt=p.attempt,
-                wire=wire.value,
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-                cached_tokens=usage.cached_tokens,
-                finish=out.finish.value,
-                break_cause=p.plan.report.break_cause.value,
+                EV_CLIENT_GONE, rollout_id=p.session.rollout_id, call_id=p.call_id, attempt=p.attempt, after_record=True
             )
-        finally:
-            self._drain(stream, p.call_id)
+            p.state.splicer.undelivered(call.turn_id)
+            return
+        log.info(
+            EV_CALL_DONE,
+            rollout_id=p.session.rollout_id,
+            call_id=p.call_id,
+            attempt=p.attempt,
+            wire=p.request.wire.value,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+            finish=call.gen.out.finish.value,
+            break_cause=p.plan.report.break_cause.value,
+        )
+
+    async def _break_off(self, call: _Call, err: ApiError) -> None:
+        await _break_off(
+            call.responder,
+            call.encoder,
+            err,
+            call.p.request.wire,
+            call.request_id,
+            stream=call.p.request.stream,
+            held=call.held,
+        )
 
     async def _record_failed(
         self,
@@ -1188,8 +1243,8 @@ class _PreRecord:
     parts: object
 
     @staticmethod
-    def of(p: _Prepared, body: bytes, recorder: Recorder) -> _PreRecord:
-        request_json = p.state.scrubber.scrub(body)
+    def of(p: _Prepared, recorder: Recorder) -> _PreRecord:
+        request_json = p.state.scrubber.scrub(p.body)
         canonical_json = p.canonical_json
         base = p.state.base_for(p.plan.report.extends_call_id)
         cut = None
@@ -1198,6 +1253,35 @@ class _PreRecord:
             cut = RecordCut.of(base, prompt.packed, request_json, canonical_json, prompt_ids=len(prompt))
         parts = recorder.encode_parts(prompt, request_json, canonical_json, p.plan.report, cut)
         return _PreRecord(request_json, canonical_json, cut, parts)
+
+
+@dataclass
+class _Call:
+    """One admitted call through :meth:`CallHandler._serve`'s stages: what it came with, and what
+    each stage leaves for the next."""
+
+    p: _Prepared
+    headers: Mapping[str, str]
+    responder: Responder
+    request_id: str
+    received: float  # time.monotonic() when the request arrived
+    receive_time: float  # time.time() then
+    gen: _Generation
+    encoder: StreamEncoder  # a streamed answer's (its ids assigned to gen.out either way)
+    pre: _PreRecord | None  # the record's parts that do not depend on the answer, once built
+    sent: list[bytes] = field(default_factory=list)  # the answer's bytes, in order
+    ttfb: float = 0.0  # seconds from the request to the answer's first byte
+    held: bool = False  # the whole answer is out but its last byte (until the record is acknowledged)
+
+    @property
+    def turn_id(self) -> str:
+        """The generated turn's id."""
+        return turn_id_of(self.p.call_id, self.p.attempt)
+
+    @property
+    def usage0(self) -> Usage:
+        """The usage before any completion token: the prompt's tokens and those cached."""
+        return Usage(len(self.p.plan.prompt), 0, self.p.plan.cached_tokens)
 
 
 async def _break_off(
