@@ -22,7 +22,8 @@ from prometheus_client import CollectorRegistry
 from openforge.common.v1.common_pb2 import SamplingParams
 from openforge_proxy.adapters.body_parser import ProcessBodyParser
 from openforge_proxy.adapters.inference import GrpcEngine
-from openforge_proxy.domain.handler import OFFLOAD_MIN_BYTES, CallHandler
+from openforge_proxy.domain.handler import CallHandler
+from openforge_proxy.domain.offload import OFFLOAD_MIN_BYTES
 from openforge_proxy.domain.record import CallRecordData
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.sessions import Limits, SessionRegistry

@@ -7,8 +7,8 @@ from typing import Any, cast
 
 from record_builders import make_record
 
-from openforge_proxy.domain.handler import SessionCalls
 from openforge_proxy.domain.record import CallRecordData
+from openforge_proxy.domain.session_calls import SessionCalls
 from openforge_proxy.domain.splice import Splicer, SpliceReport
 from openforge_proxy.domain.tokens import pack_ids
 

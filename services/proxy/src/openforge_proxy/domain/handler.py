@@ -27,36 +27,43 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import secrets
-import sys
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar, cast
+from dataclasses import replace
+from typing import Any, Protocol
 
 import orjson
 import structlog
 
 from openforge_core.errors import InvalidArgument, OpenForgeError, ResourceExhausted, Unauthenticated
-from openforge_core.record_delta import RecordBase, RecordCut
 from openforge_core.seeds import derive_seed
-from openforge_proxy.domain.call_roles import CallClass, LineageTracker
-from openforge_proxy.domain.conversation import CanonicalRequest, ToolKind, WireApi
+from openforge_proxy.domain.call import (
+    Call,
+    ClientGone,
+    Prepared,
+    PreRecord,
+    Responder,
+    break_off,
+    error_response,
+    new_request_id,
+)
+from openforge_proxy.domain.conversation import CanonicalRequest, WireApi
 from openforge_proxy.domain.engine import Delta, Engine, EngineRejected, EngineUnavailable, Sampling
-from openforge_proxy.domain.families import Event
+from openforge_proxy.domain.generation import Generation, first_of, until_finish
 from openforge_proxy.domain.json_text import parse_object
-from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, ToolCallOut, Usage
+from openforge_proxy.domain.offload import OFFLOAD_MIN_BYTES, off_loop
+from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, Usage
 from openforge_proxy.domain.protocols import anthropic, dumps
-from openforge_proxy.domain.protocols.codec import CODECS, ParseContext, StreamEncoder, WireCodec
-from openforge_proxy.domain.protocols.memo import BodyMemo, ConversationMemo
+from openforge_proxy.domain.protocols.codec import CODECS
+from openforge_proxy.domain.protocols.memo import BodyMemo
 from openforge_proxy.domain.record import CallRecordData, Recorder, RecordTooLarge, failed_record
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.screen import Screen, TooLong
-from openforge_proxy.domain.scrub import BodyScrubber, scrub_headers
+from openforge_proxy.domain.scrub import scrub_headers
+from openforge_proxy.domain.session_calls import CallState, SessionCalls
 from openforge_proxy.domain.sessions import Session, SessionRegistry
-from openforge_proxy.domain.splice import PromptPlan, PromptTooLong, Splicer, turn_id_of
+from openforge_proxy.domain.splice import PromptPlan, PromptTooLong, Splicer
 
 log = structlog.get_logger(__name__)
 
@@ -68,19 +75,6 @@ EV_AFTER_FINISH = "call.engine_after_finish"
 
 #: Completion-token cap when neither the harness nor the session gives one.
 DEFAULT_MAX_TOKENS = 4096
-#: Request bodies from this size (bytes) are parsed, rendered and tokenized in a worker thread,
-#: so that other sessions' calls are served meanwhile.
-OFFLOAD_MIN_BYTES = 1 << 20
-#: The interpreter's thread switch interval (seconds; CPython's default is 0.005) while such a
-#: conversion runs: the event loop waits at most this long for the interpreter lock each time
-#: it takes it back from the worker (it does so at every system call), not 5 ms.
-OFFLOAD_SWITCH_INTERVAL_S = 0.0005
-
-_T = TypeVar("_T")
-
-
-class ClientGone(Exception):
-    """The harness closed the connection while the response was being written."""
 
 
 class BodyParser(Protocol):
@@ -104,136 +98,7 @@ class BodyParser(Protocol):
         ...
 
 
-class Responder(Protocol):
-    """How the core answers over HTTP."""
-
-    async def send_json(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
-        """A complete JSON response, sent before this returns (a client gone meanwhile is not
-        an error: it is simply not answered)."""
-        ...
-
-    async def hold_json(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
-        """Sends a JSON response but its last byte (with a ``Content-Length`` of the whole):
-        the client holds no complete answer until :meth:`release` or sees a broken one after
-        :meth:`abort`. A client gone meanwhile is not an error."""
-        ...
-
-    async def release(self) -> None:
-        """Sends the last byte of the response :meth:`hold_json` began."""
-        ...
-
-    def abort(self) -> None:
-        """Drops the connection (a response begun is never completed)."""
-        ...
-
-    async def begin_stream(self, headers: Mapping[str, str]) -> None:
-        """200 with ``text/event-stream``, chunked."""
-        ...
-
-    async def write(self, data: bytes) -> None:
-        """Stream bytes out. Raises :class:`ClientGone`."""
-        ...
-
-    def client_gone(self) -> bool:
-        """Whether the client's connection is closed or closing (what was sent may not have
-        reached it)."""
-        ...
-
-
-#: Acknowledged records a session keeps as bases for the next record's delta.
-_BASES_KEPT = 4
-
-
-@dataclass
-class _CallState:
-    call_id: str
-    attempts: int
-
-
-class SessionCalls:
-    """Per-session state: the splicer, the calls seen (for attempt numbering), the previous
-    Messages and Chat Completions requests (their unchanged start is not converted again), the
-    previous body (only what changed is scanned for identifiers), and the last acknowledged
-    records, which the next record is coded against (``RecordDelta``)."""
-
-    def __init__(self, splicer: Splicer, bodies: BodyMemo | None = None) -> None:
-        self.splicer = splicer
-        self.calls: dict[str, _CallState] = {}
-        self.counter = 0
-        self._memos: dict[WireApi, ConversationMemo] = {}
-        self.body = bodies if bodies is not None else BodyMemo()
-        self.scrubber = BodyScrubber()
-        self.bases: OrderedDict[str, RecordBase] = OrderedDict()
-        self.lineages = LineageTracker()
-        # the last call key's hash: (tools key, bytes starting with the prompt hashed, the
-        # prompt's length, the hash state after it)
-        self._key: tuple[str, bytes, int, hashlib.blake2b] | None = None
-
-    def drop_caches(self) -> None:
-        """Forgets what was kept from earlier requests only to make the next one cheaper (parsed
-        bodies and conversations, renders, encoded chunks, the last call key's hash): a refused
-        request leaves nothing behind. The calls seen, generated turns and record bases stay."""
-        self._memos.clear()
-        self.body = BodyMemo()
-        self._key = None
-        self.splicer.drop_caches()
-
-    def parse_context(self, wire: WireApi, *, memos: bool = True) -> ParseContext:
-        """What this session lends the parse of its next request of ``wire``'s API (its previous
-        conversation of that API only with ``memos``)."""
-        memo = self._memos.setdefault(wire, ConversationMemo()) if memos else None
-        return ParseContext(memo, self.splicer.turn_of_ref)
-
-    def call_key(self, tools_key: str, packed: bytes) -> str:
-        """The call's identity: hex BLAKE2b-128 of ``tools_key`` (UTF-8) then ``packed`` (the
-        prompt's packed ids). A prompt that extends the previous call's (a conversation's next
-        call) hashes only its new bytes, continuing from the hash state after the previous
-        prompt: the digest is the same (a hash's input may be given in pieces)."""
-        last = self._key
-        if (
-            last is not None
-            and last[0] == tools_key
-            and len(packed) >= last[2]
-            and packed.startswith(last[1][: last[2]])
-        ):
-            digest = last[3].copy()
-            digest.update(memoryview(packed)[last[2] :])
-        else:
-            digest = hashlib.blake2b(tools_key.encode(), digest_size=16)
-            digest.update(packed)
-        self._key = (tools_key, packed, len(packed), digest)
-        return digest.hexdigest()
-
-    def base_for(self, extends_call_id: str) -> RecordBase | None:
-        """The acknowledged record to code the next one against: the call its prompt extends,
-        else the latest."""
-        base = self.bases.get(extends_call_id)
-        if base is None and self.bases:
-            base = next(reversed(self.bases.values()))
-        return base
-
-    def recorded(self, record: CallRecordData, turn_id: str) -> None:
-        """Keeps an acknowledged record as a base: one per conversation thread (a record
-        replaces the one its prompt extends), the last few threads of the session."""
-        head = self.splicer.heads.get(turn_id)  # holds the packed prompt + sampled ids
-        extends = record.splice.extends_call_id
-        if extends and extends != record.call_id:
-            self.bases.pop(extends, None)
-        self.bases[record.call_id] = record.as_base(head.packed if head is not None else None)
-        key = self._key
-        if key is not None and head is not None and key[1] is record.prompt.packed:
-            # the base's bytes start with the prompt: the prompt alone need not be kept for the hash
-            self._key = (key[0], head.packed, key[2], key[3])
-        self.bases.move_to_end(record.call_id)
-        while len(self.bases) > _BASES_KEPT:
-            self.bases.popitem(last=False)
-
-
 RuntimeGetter = Callable[[], Awaitable[ModelRuntime]]
-
-
-def new_request_id() -> str:
-    return "req" + secrets.token_hex(12)
 
 
 def _key(headers: Mapping[str, str]) -> str:
@@ -244,16 +109,6 @@ def _key(headers: Mapping[str, str]) -> str:
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip()
     return ""
-
-
-def error_response(wire: WireApi, err: ApiError, request_id: str) -> tuple[int, bytes, dict[str, str]]:
-    """Status, body and headers of an error in the protocol's own shape."""
-    codec = CODECS[wire]
-    body = codec.error_body(err, request_id)
-    headers = {codec.id_header: request_id}
-    if err.retry_after_s is not None:
-        headers["retry-after"] = str(err.retry_after_s)
-    return err.status, dumps(body), headers
 
 
 def _check_model(session: Session, model: str) -> None:
@@ -427,7 +282,7 @@ class CallHandler:
             return await self._parser.parse(body, call)
         loads = memo.loads if memo is not None else orjson.loads
         if offload:
-            return await _off_loop(parse_object, body, loads)
+            return await off_loop(parse_object, body, loads)
         return parse_object(body, loads)
 
     def _screen(self, wire: WireApi) -> Screen | None:
@@ -533,7 +388,7 @@ class CallHandler:
         else:
             state.drop_caches()
 
-    async def _prepare(self, wire: WireApi, body: bytes, headers: Mapping[str, str]) -> _Prepared:
+    async def _prepare(self, wire: WireApi, body: bytes, headers: Mapping[str, str]) -> Prepared:
         session = self._authenticate(headers)
         rid = session.rollout_id
         async with self._session_lock(rid):
@@ -551,7 +406,7 @@ class CallHandler:
 
     async def _prepare_locked(
         self, wire: WireApi, body: bytes, session: Session, prior: SessionCalls | None, offload: bool
-    ) -> _Prepared:
+    ) -> Prepared:
         bodies = prior.body if prior is not None else BodyMemo()
         memos = not self._large(body)
         call = None if memos else self._screen(wire)
@@ -567,7 +422,7 @@ class CallHandler:
         parsed, body = parsed_or_refused
         state = self._state(session.rollout_id, runtime, bodies)
         if offload:
-            request, tools, canonical_json, plan = await _off_loop(_convert, wire, parsed, state, session, memos)
+            request, tools, canonical_json, plan = await off_loop(_convert, wire, parsed, state, session, memos)
         else:
             request, tools, canonical_json, plan = _convert(wire, parsed, state, session, memos)
         # The call's identity is the prompt the engine would see (and the tools): the same
@@ -597,7 +452,7 @@ class CallHandler:
             sampling = replace(sampling, seed=derive_seed(sampling.seed, "call", call_key))
         if known is None:
             state.counter += 1
-            known = _CallState(f"call{state.counter:04d}-{secrets.token_hex(3)}", 0)
+            known = CallState(f"call{state.counter:04d}-{secrets.token_hex(3)}", 0)
             state.calls[call_key] = known
             new_call = True
         else:
@@ -606,7 +461,7 @@ class CallHandler:
         reserved = len(plan.prompt) + sampling.max_tokens
         session = self._sessions.admit(session, new_call=new_call, reserve_tokens=reserved)
         call_class = state.lineages.classify(request)
-        return _Prepared(
+        return Prepared(
             session,
             state,
             request,
@@ -655,7 +510,7 @@ class CallHandler:
 
     async def _serve(
         self,
-        p: _Prepared,
+        p: Prepared,
         headers: Mapping[str, str],
         responder: Responder,
         request_id: str,
@@ -676,9 +531,9 @@ class CallHandler:
             await self._record_failed(p, headers, f"inference: {exc}", status, received, receive_time)
             await responder.send_json(status, payload, extra)
             return
-        gen = _Generation(p)
+        gen = Generation(p)
         encoder = p.codec.stream_encoder(p.request, gen.out, p.sampling)
-        call = _Call(p, headers, responder, request_id, received, receive_time, gen, encoder, pre)
+        call = Call(p, headers, responder, request_id, received, receive_time, gen, encoder, pre)
         try:
             tail = await self._generate(call, first, stream, gen_id)
             if tail is None:
@@ -693,7 +548,7 @@ class CallHandler:
         finally:
             self._drain(stream, p.call_id)
 
-    async def _first_delta(self, p: _Prepared, stream: AsyncIterator[Delta]) -> tuple[Delta, _PreRecord | None]:
+    async def _first_delta(self, p: Prepared, stream: AsyncIterator[Delta]) -> tuple[Delta, PreRecord | None]:
         """The generation's first delta, and for a non-streamed answer the record's parts that do
         not depend on the answer, built while the engine computes (its prefill is the longest
         wait of a call); a stream's are built after its first byte, so that byte does not wait.
@@ -702,18 +557,18 @@ class CallHandler:
             EngineUnavailable, EngineRejected: The generation failed before its first token.
         """
         pre = None
-        first_delta = asyncio.ensure_future(_first(stream))
+        first_delta = asyncio.ensure_future(first_of(stream))
         if not p.request.stream:
             try:
                 for _ in range(_SEND_YIELDS):  # let the Generate request leave first
                     await asyncio.sleep(0)
-                pre = _PreRecord.of(p, self._recorder)
+                pre = PreRecord.of(p, self._recorder)
             except BaseException:  # cancelled meanwhile (client gone), or a bug: end the generation
                 first_delta.cancel()
                 raise
         return await first_delta, pre
 
-    async def _generate(self, call: _Call, first: Delta, stream: AsyncIterator[Delta], gen_id: str) -> bytes | None:
+    async def _generate(self, call: Call, first: Delta, stream: AsyncIterator[Delta], gen_id: str) -> bytes | None:
         """The generation read to its finish (a streamed answer written as it comes); returns
         what the encoder still holds, or None where the call ended here (the client left, or
         inference failed mid-generation: answered and recorded as failed)."""
@@ -725,15 +580,15 @@ class CallHandler:
                 data = encoder.start(call.usage0) + gen.feed(first, encoder)
                 call.sent.append(data)
                 await responder.write(data)
-                call.pre = _PreRecord.of(p, self._recorder)
-                async for delta in _until_finish(first, stream):
+                call.pre = PreRecord.of(p, self._recorder)
+                async for delta in until_finish(first, stream):
                     data = gen.feed(delta, encoder)
                     if data:
                         call.sent.append(data)
                         await responder.write(data)
             else:
                 gen.feed(first, None)
-                async for delta in _until_finish(first, stream):
+                async for delta in until_finish(first, stream):
                     gen.feed(delta, None)
             return gen.close(encoder if p.request.stream else None)
         except ClientGone:
@@ -758,7 +613,7 @@ class CallHandler:
                 await responder.send_json(status, payload, extra)
         return None
 
-    def _answer(self, call: _Call, tail: bytes) -> tuple[Usage, bytes]:
+    def _answer(self, call: Call, tail: bytes) -> tuple[Usage, bytes]:
         """The call's usage and the answer's last bytes (a stream's end, or the whole answer).
         The RPC's end is read once the answer is out: what it costs is not on the answer's path."""
         p, out = call.p, call.gen.out
@@ -771,10 +626,10 @@ class CallHandler:
             final = dumps(p.codec.response_body(p.request, out, usage, p.sampling))
         call.sent.append(final)
         if call.pre is None:
-            call.pre = _PreRecord.of(p, self._recorder)
+            call.pre = PreRecord.of(p, self._recorder)
         return usage, final
 
-    async def _check_session(self, call: _Call) -> bool:
+    async def _check_session(self, call: Call) -> bool:
         """Whether the call's session is still the one it was admitted in (checked before anything
         is published or sent: a session gone meanwhile fails the call cleanly)."""
         try:
@@ -787,7 +642,7 @@ class CallHandler:
             return False
         return True
 
-    def _record(self, call: _Call, usage: Usage) -> CallRecordData:
+    def _record(self, call: Call, usage: Usage) -> CallRecordData:
         """The call's record."""
         p, gen, pre = call.p, call.gen, call.pre
         assert pre is not None
@@ -821,7 +676,7 @@ class CallHandler:
             lineage_id=p.call_class.lineage_id,
         )
 
-    async def _publish(self, call: _Call, record: CallRecordData, final: bytes) -> bool:
+    async def _publish(self, call: Call, record: CallRecordData, final: bytes) -> bool:
         """Publishes the record and commits the call's turn to the session's splice state; False
         (the call broken off, recorded as failed) where the bus did not acknowledge the record.
 
@@ -866,7 +721,7 @@ class CallHandler:
             return False
         return True
 
-    async def _settle(self, call: _Call, usage: Usage) -> bool:
+    async def _settle(self, call: Call, usage: Usage) -> bool:
         """Counts the call's tokens in its session once stored (a call that could not be recorded
         is retried, and counted then); False (the call broken off) where the session was
         replaced while the record was acknowledged."""
@@ -882,7 +737,7 @@ class CallHandler:
         p.settled = True
         return True
 
-    async def _deliver(self, call: _Call, final: bytes, usage: Usage) -> None:
+    async def _deliver(self, call: Call, final: bytes, usage: Usage) -> None:
         """The answer's last bytes to the harness (a held answer released)."""
         p, responder = call.p, call.responder
         try:
@@ -913,8 +768,8 @@ class CallHandler:
             break_cause=p.plan.report.break_cause.value,
         )
 
-    async def _break_off(self, call: _Call, err: ApiError) -> None:
-        await _break_off(
+    async def _break_off(self, call: Call, err: ApiError) -> None:
+        await break_off(
             call.responder,
             call.encoder,
             err,
@@ -926,7 +781,7 @@ class CallHandler:
 
     async def _record_failed(
         self,
-        p: _Prepared,
+        p: Prepared,
         headers: Mapping[str, str],
         error: str,
         status: int,
@@ -981,7 +836,7 @@ class CallHandler:
         self._draining.add(task)
         task.add_done_callback(self._draining.discard)
 
-    def _finish_ids(self, p: _Prepared, out: AssistantOutput) -> None:
+    def _finish_ids(self, p: Prepared, out: AssistantOutput) -> None:
         p.codec.prepare_ids(out, p.request)
 
 
@@ -1031,63 +886,6 @@ def _convert(
     return request, tools, canonical_json, plan
 
 
-class _SwitchInterval:
-    """Sets the interpreter's switch interval to :data:`OFFLOAD_SWITCH_INTERVAL_S` while at least
-    one worker conversion runs, and back to what it was after the last (event loop thread only)."""
-
-    def __init__(self) -> None:
-        self._running = 0
-        self._previous = 0.0
-
-    def enter(self) -> None:
-        if self._running == 0:
-            self._previous = sys.getswitchinterval()
-            sys.setswitchinterval(min(self._previous, OFFLOAD_SWITCH_INTERVAL_S))
-        self._running += 1
-
-    def leave(self) -> None:
-        self._running -= 1
-        if self._running == 0:
-            sys.setswitchinterval(self._previous)
-
-
-_switching = _SwitchInterval()
-
-
-async def _off_loop(fn: Callable[..., _T], *args: Any) -> _T:
-    """``fn(*args)`` in a worker thread. If the caller is cancelled meanwhile, it still waits for
-    the thread to end (what it touches is not used by two threads at once), then re-raises.
-
-    An :class:`ApiError` from ``fn`` is raised again here without the worker's traceback: that
-    traceback's frames hold the request (tens of MiB for a large one) and, through the futures
-    that carried the error, would form a reference cycle only a full collection frees.
-    """
-
-    def call() -> tuple[_T | None, ApiError | None]:
-        try:
-            return fn(*args), None
-        except ApiError as exc:
-            return None, ApiError(exc.kind, exc.message, status=exc.status, retry_after_s=exc.retry_after_s)
-
-    future = asyncio.ensure_future(asyncio.to_thread(call))
-    _switching.enter()
-    try:
-        result, err = await asyncio.shield(future)
-    except asyncio.CancelledError:
-        with contextlib.suppress(BaseException):
-            await future
-        raise
-    finally:
-        _switching.leave()
-        del future
-    if err is not None:
-        try:
-            raise err
-        finally:  # the frame would hold the error its traceback holds the frame of
-            del err
-    return cast(_T, result)
-
-
 class _SessionLock:
     """A session's lock and the requests holding or awaiting it."""
 
@@ -1096,230 +894,9 @@ class _SessionLock:
         self.users = 0
 
 
-@dataclass
-class _Prepared:
-    session: Session
-    state: SessionCalls
-    request: CanonicalRequest
-    runtime: ModelRuntime
-    plan: PromptPlan
-    sampling: Sampling
-    call_id: str
-    attempt: int
-    reserved: int  # tokens reserved in the session at admission (prompt + completion cap)
-    canonical_json: bytes  # the record's canonical conversation
-    body: bytes  # the request body as recorded (lone surrogates replaced)
-    call_class: CallClass  # its role and lineage (:mod:`.call_roles`)
-    settled: bool = False  # the tokens used were counted and the reservation freed
-    failure_recorded: bool = False  # its failed record (error, no ids) was stored or tried
-
-    @property
-    def codec(self) -> WireCodec:
-        """The codec of the request's API."""
-        return CODECS[self.request.wire]
-
-
-class _Generation:
-    """Accumulates one generation: ids, logprobs, versions, parsed output."""
-
-    def __init__(self, p: _Prepared) -> None:
-        rt = p.runtime
-        self._p = p
-        self._eos = rt.eos_ids | set(p.sampling.stop_token_ids)
-        self._codec = rt.codec
-        self._decoder = rt.codec.decoder()
-        self._parser = rt.family.parser(rt.generation_prompt, p.request.tools)
-        self.out = AssistantOutput()
-        if p.request.logprobs:
-            self.out.token_logprobs = []
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.versions: list[int] = []
-        self.reasoning_tokens = 0
-        self._finish: Finish | None = None
-        self._stopped = False
-
-    def feed(self, delta: Delta, encoder: StreamEncoder | None) -> bytes:
-        k = len(delta.token_ids)
-        self.ids.extend(delta.token_ids)
-        self.logprobs.extend(delta.logprobs)
-        self.versions.extend(delta.policy_versions)
-        n = len(self.ids)
-        if (
-            len(delta.logprobs) not in (0, k)
-            or len(delta.policy_versions) not in (0, k)
-            or len(self.logprobs) not in (0, n)
-            or len(self.versions) not in (0, n)
-        ):
-            # a record the store would refuse (and later records coded against it with it)
-            raise EngineUnavailable(
-                f"the engine sent {n} token ids with {len(self.logprobs)} logprobs and "
-                f"{len(self.versions)} policy versions"
-            )
-        data = b""
-        logprobs = self.out.token_logprobs
-        for i, tid in enumerate(delta.token_ids):
-            if self._stopped:
-                continue
-            if tid in self._eos:
-                self._stopped = True
-                continue
-            text = self._decoder.step(tid)
-            if logprobs is not None:
-                logprobs.append((self._codec.token_bytes(tid), delta.logprobs[i] if i < len(delta.logprobs) else None))
-            if self._parser.in_reasoning:
-                self.reasoning_tokens += 1
-            if text:
-                data += self._events(self._parser.feed(text), encoder)
-        if delta.finish is not None:
-            self._finish = delta.finish
-        return data
-
-    def _events(self, events: list[Event], encoder: StreamEncoder | None) -> bytes:
-        data = b""
-        out = self.out
-        for ev in events:
-            if ev.kind == "reasoning":
-                out.reasoning += ev.text
-                if encoder is not None:
-                    data += encoder.reasoning(ev.text)
-            elif ev.kind == "text":
-                out.text += ev.text
-                if encoder is not None:
-                    data += encoder.text(ev.text)
-            elif ev.call is not None:
-                out.tool_calls.append(self._call(ev))
-        return data
-
-    def _call(self, ev: Event) -> ToolCallOut:
-        call = ev.call
-        assert call is not None
-        tool = self._p.request.tool(call.name)
-        if tool is not None and tool.kind is ToolKind.CUSTOM:
-            args = call.arguments
-            raw = args.get("input") if isinstance(args, dict) and isinstance(args.get("input"), str) else None
-            text = raw if raw is not None else call.arguments_json
-            return ToolCallOut(
-                id="",
-                name=call.name,
-                arguments=text,
-                arguments_json=text,
-                kind=ToolKind.CUSTOM,
-                namespace=tool.namespace,
-            )
-        return ToolCallOut(
-            id="",
-            name=call.name,
-            arguments=call.arguments,
-            arguments_json=call.arguments_json,
-            namespace=tool.namespace if tool is not None else None,
-        )
-
-    def close(self, encoder: StreamEncoder | None) -> bytes:
-        """Ends parsing (the stream finished); returns the last deltas' bytes."""
-        data = self._events(self._parser.finish(), encoder)
-        self.out.finish = self._finish or Finish.STOP
-        return data
-
-    def usage(self, cached: int) -> Usage:
-        return Usage(len(self._p.plan.prompt), len(self.ids), cached, self.reasoning_tokens)
-
-
 #: Event-loop turns given to a new ``Generate`` call to send its request (grpc.aio sends it
 #: from a task of its own) before the handler goes on with work that does not need the answer.
 _SEND_YIELDS = 3
 #: Event-loop turns given to a record's publication before a non-streamed answer is written:
 #: one to encode and queue it (or refuse it), one for the NATS client's writer task to send it.
 _PUBLISH_YIELDS = 2
-
-
-@dataclass(frozen=True)
-class _PreRecord:
-    """The parts of a call's record that do not depend on the answer."""
-
-    request_json: bytes
-    canonical_json: bytes
-    cut: RecordCut | None
-    parts: object
-
-    @staticmethod
-    def of(p: _Prepared, recorder: Recorder) -> _PreRecord:
-        request_json = p.state.scrubber.scrub(p.body)
-        canonical_json = p.canonical_json
-        base = p.state.base_for(p.plan.report.extends_call_id)
-        cut = None
-        prompt = p.plan.prompt
-        if base is not None:
-            cut = RecordCut.of(base, prompt.packed, request_json, canonical_json, prompt_ids=len(prompt))
-        parts = recorder.encode_parts(prompt, request_json, canonical_json, p.plan.report, cut)
-        return _PreRecord(request_json, canonical_json, cut, parts)
-
-
-@dataclass
-class _Call:
-    """One admitted call through :meth:`CallHandler._serve`'s stages: what it came with, and what
-    each stage leaves for the next."""
-
-    p: _Prepared
-    headers: Mapping[str, str]
-    responder: Responder
-    request_id: str
-    received: float  # time.monotonic() when the request arrived
-    receive_time: float  # time.time() then
-    gen: _Generation
-    encoder: StreamEncoder  # a streamed answer's (its ids assigned to gen.out either way)
-    pre: _PreRecord | None  # the record's parts that do not depend on the answer, once built
-    sent: list[bytes] = field(default_factory=list)  # the answer's bytes, in order
-    ttfb: float = 0.0  # seconds from the request to the answer's first byte
-    held: bool = False  # the whole answer is out but its last byte (until the record is acknowledged)
-
-    @property
-    def turn_id(self) -> str:
-        """The generated turn's id."""
-        return turn_id_of(self.p.call_id, self.p.attempt)
-
-    @property
-    def usage0(self) -> Usage:
-        """The usage before any completion token: the prompt's tokens and those cached."""
-        return Usage(len(self.p.plan.prompt), 0, self.p.plan.cached_tokens)
-
-
-async def _break_off(
-    responder: Responder,
-    encoder: StreamEncoder,
-    err: ApiError,
-    wire: WireApi,
-    request_id: str,
-    *,
-    stream: bool,
-    held: bool,
-) -> None:
-    """Ends a call whose answer is ready or begun with ``err``: a held answer is broken off (the
-    harness sees a broken response and retries), a stream ends with the protocol's error event,
-    else the error body in the protocol's shape is sent."""
-    if held:
-        responder.abort()
-    elif stream:
-        with contextlib.suppress(ClientGone):
-            await responder.write(encoder.error(err.message))
-    else:
-        status, payload, extra = error_response(wire, err, request_id)
-        await responder.send_json(status, payload, extra)
-
-
-async def _until_finish(first: Delta, stream: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
-    """The deltas after ``first`` up to the one that says the generation finished (the stream
-    itself is left open: :meth:`CallHandler._drain` reads the rest)."""
-    if first.finish is not None:
-        return
-    async for delta in stream:
-        yield delta
-        if delta.finish is not None:
-            return
-
-
-async def _first(stream: AsyncIterator[Delta]) -> Delta:
-    try:
-        return await stream.__anext__()
-    except StopAsyncIteration:
-        return Delta(finish=Finish.STOP)

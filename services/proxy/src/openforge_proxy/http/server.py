@@ -55,14 +55,10 @@ from aiohttp.client_exceptions import ClientConnectionResetError, ClientPayloadE
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
+from openforge_proxy.domain.call import ClientGone, error_response, new_request_id
 from openforge_proxy.domain.conversation import WireApi
-from openforge_proxy.domain.handler import (
-    OFFLOAD_MIN_BYTES,
-    CallHandler,
-    ClientGone,
-    error_response,
-    new_request_id,
-)
+from openforge_proxy.domain.handler import CallHandler
+from openforge_proxy.domain.offload import OFFLOAD_MIN_BYTES
 from openforge_proxy.domain.output import ApiError, ErrorKind
 from openforge_proxy.domain.protocols import dumps
 from openforge_proxy.http.metrics import HttpMetrics, default_http_metrics
@@ -102,7 +98,7 @@ class BodyTooLarge(Exception):
 
 
 class _Responder:
-    """:class:`~openforge_proxy.domain.handler.Responder` over one aiohttp request."""
+    """:class:`~openforge_proxy.domain.call.Responder` over one aiohttp request."""
 
     def __init__(self, request: web.BaseRequest) -> None:
         self._request = request
@@ -278,7 +274,7 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
 
     A ``gzip`` body may hold several members and a ``zstd`` body several frames
     (decoded in order and joined); ``limit`` applies to their total. A body from
-    :data:`~openforge_proxy.domain.handler.OFFLOAD_MIN_BYTES` is joined in a worker thread
+    :data:`~openforge_proxy.domain.offload.OFFLOAD_MIN_BYTES` is joined in a worker thread
     (``bytes.join`` of that much lets other threads run: the event loop is not held).
 
     Raises:
