@@ -69,7 +69,7 @@ class ParserGone(Exception):
 
 
 class ProcessBodyParser:
-    """:class:`~openforge_proxy.domain.handler.BodyParser` in a child process.
+    """:class:`~openforge_proxy.domain.admission.BodyParser` in a child process.
 
     Args:
         min_bytes: Bodies from this size (bytes) are parsed in the child; smaller ones are

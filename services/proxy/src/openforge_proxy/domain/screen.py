@@ -13,7 +13,7 @@ converts (:meth:`~openforge_proxy.domain.protocols.codec.WireCodec.parse` withou
 memos, as a large body is converted), its tools can be written again, and its text
 cannot fit. Otherwise (None) the body is parsed and served as any other. The proxy still checks,
 in the reference path's order, what needs the session: that inference is up and that the model
-is the session's (:meth:`~openforge_proxy.domain.handler.CallHandler.handle`).
+is the session's (:meth:`~openforge_proxy.domain.admission.Admission.admit`).
 """
 
 from __future__ import annotations
