@@ -117,6 +117,7 @@ class InProcessProxy:
         body_timeout_s: float = BODY_TIMEOUT_S,
         offload_min_bytes: int = OFFLOAD_MIN_BYTES,
         body_parser_min_bytes: int | None = None,
+        memos: bool = True,
     ) -> None:
         self.fake = fake
         self.sessions = SessionRegistry(3600, 1000)
@@ -125,6 +126,7 @@ class InProcessProxy:
         self._header_timeout_s = header_timeout_s
         self._body_timeout_s = body_timeout_s
         self._offload_min_bytes = offload_min_bytes
+        self._memos = memos
         #: The large-body parser process (``body_parser_min_bytes``; None: without one).
         self.body_parser = ProcessBodyParser(body_parser_min_bytes) if body_parser_min_bytes is not None else None
         self.engine: GrpcEngine | None = None
@@ -151,6 +153,7 @@ class InProcessProxy:
             self.recorder,
             offload_min_bytes=self._offload_min_bytes,
             body_parser=self.body_parser,
+            memos=self._memos,
         )
         self.http = HttpServer(
             self.handler,

@@ -117,6 +117,7 @@ class ProxyApp:
             max_heads=settings.max_heads,
             default_max_tokens=settings.default_max_tokens,
             body_parser=self.body_parser,
+            memos=settings.memos,
         )
         http = settings.http
         self.http = HttpServer(

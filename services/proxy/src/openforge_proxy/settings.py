@@ -41,7 +41,9 @@ class LargeBodySettings(SettingsSection):
             served meanwhile: JSON parsing holds the interpreter for the whole of a body (about
             100-300 ms for 30 MiB), in a worker thread too. Such a body is converted without the
             session's parse memos (same result; a session sending bodies this large parses each
-            whole). False: every body is parsed in the proxy's process (from 1 MiB in a worker
+            whole), and one whose prompt text alone cannot fit the context is refused there
+            (``domain.screen``): only the refusal comes back, the proxy never builds the body's
+            strings. False: every body is parsed in the proxy's process (from 1 MiB in a worker
             thread), as the reference path does.
         min_bytes: Smallest body parsed in that process, bytes (after decompression).
         timeout_s: Most seconds a body may take in that process; then it is killed (a new one
@@ -107,6 +109,9 @@ class ProxySettings(ServiceSettings):
         generate_timeout_s: Deadline of one generation stream, seconds.
         gc_tuning: Once the model is loaded, freeze what is alive and make
             cyclic garbage collections rarer (``app.tune_gc``).
+        memos: Reuse what a session's earlier calls computed (parsed bodies, converted
+            conversations, the splicer's matches, renders and encoded chunks). False: every
+            call is computed whole, the reference path (the same answers and records, more CPU).
     """
 
     service_name: ClassVar[str] = "proxy"
@@ -122,3 +127,4 @@ class ProxySettings(ServiceSettings):
     default_max_tokens: int = Field(default=4096, ge=1)
     generate_timeout_s: float = Field(default=900.0, gt=0)
     gc_tuning: bool = True
+    memos: bool = True

@@ -166,6 +166,9 @@ class Admission:
         offload_min_bytes: Bodies from this size (bytes) are converted in a worker thread.
         body_parser: Parses bodies from its ``min_bytes`` instead (None: none is). Such a
             body is converted without the session's parse memos.
+        memos: Reuse what a session's earlier calls computed (the parsed body, the converted
+            conversation, and the splicer's memos: ``Splicer(memos=...)``). False: every call
+            is computed whole (the reference path; the same results).
     """
 
     def __init__(
@@ -177,7 +180,9 @@ class Admission:
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         offload_min_bytes: int = OFFLOAD_MIN_BYTES,
         body_parser: BodyParser | None = None,
+        memos: bool = True,
     ) -> None:
+        self._memos = memos
         self._sessions = sessions
         self._runtime = runtime
         self._max_heads = max_heads
@@ -305,6 +310,7 @@ class Admission:
                     max_heads=self._max_heads,
                     template_kwargs=runtime.template_kwargs,
                     max_prompt_tokens=max(runtime.info.context_length - 1, 0),
+                    memos=self._memos,
                 ),
                 bodies,
             )
@@ -370,13 +376,14 @@ class Admission:
         self, wire: WireApi, body: bytes, session: Session, prior: SessionCalls | None, offload: bool
     ) -> Prepared:
         bodies = prior.body if prior is not None else BodyMemo()
-        memos = not self._large(body)
-        call = None if memos else self._screen(wire)
-        parsed_or_refused = await self._parse(body, bodies, offload=offload, call=call)
+        large = self._large(body)
+        memos = self._memos and not large
+        call = self._screen(wire) if large else None
+        parsed_or_refused = await self._parse(body, bodies if memos else None, offload=offload, call=call)
         runtime = await self._load_runtime()
         if isinstance(parsed_or_refused, TooLong):
             if self._screen(wire) != call:  # another model meanwhile: parsed again, unscreened
-                parsed_or_refused = await self._parse(body, bodies, offload=offload)
+                parsed_or_refused = await self._parse(body, bodies if memos else None, offload=offload)
             else:  # what the reference path checks before the prompt's length, then that
                 _check_model(session, parsed_or_refused.model)
                 raise ApiError(ErrorKind.INVALID_REQUEST, str(parsed_or_refused.error()))

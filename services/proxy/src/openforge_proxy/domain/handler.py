@@ -75,6 +75,8 @@ class CallHandler:
             body is parsed whole and converted without the session's memos
             (:mod:`.protocols.memo`): they would serialize its values again here, which holds
             the interpreter as long as parsing it would; the result is the same.
+        memos: Reuse what a session's earlier calls computed (:class:`.admission.Admission`);
+            False: the reference path, every call computed whole.
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class CallHandler:
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         offload_min_bytes: int = OFFLOAD_MIN_BYTES,
         body_parser: BodyParser | None = None,
+        memos: bool = True,
     ) -> None:
         self._sessions = sessions
         self._engine = engine
@@ -100,6 +103,7 @@ class CallHandler:
             default_max_tokens=default_max_tokens,
             offload_min_bytes=offload_min_bytes,
             body_parser=body_parser,
+            memos=memos,
         )
         self._draining: set[asyncio.Future[None]] = set()
         sessions.on_end.append(self.forget)

@@ -556,6 +556,10 @@ class Splicer:
             (default: when the splicer is made, at the session's first call): a template that
             writes today's date (Llama 3.1-3.3) would otherwise render the history the model
             saw differently after midnight, and the rollout would break (TEMPLATE_DRIFT).
+        memos: Reuse what earlier builds computed (the previous build's matching, render and
+            template forms, the template's previous render, the tools' key, encoded chunks).
+            False: every build is whole and its text encoded whole (the reference path; the
+            same results).
     """
 
     def __init__(
@@ -571,7 +575,9 @@ class Splicer:
         template_kwargs: dict[str, Any] | None = None,
         max_prompt_tokens: int = 0,
         now: datetime | None = None,
+        memos: bool = True,
     ) -> None:
+        self._memos = memos
         self._tpl = template
         self._max_prompt = max_prompt_tokens
         self._max_cache_chars = max_cache_chars
@@ -734,6 +740,8 @@ class Splicer:
             jinja2.TemplateError: The template refused the conversation.
             PromptTooLong: The prompt would be longer than ``max_prompt_tokens``.
         """
+        if not self._memos:  # a whole build: nothing of an earlier one is reused
+            self.drop_caches()
         self._check_fits(messages)
         tools_key, tool_dicts = tools_of if tools_of is not None else self.tools_key(tools)
         matched = self._match_all(messages)
@@ -921,7 +929,7 @@ class Splicer:
                 at_least = self._codec.min_tokens(chunk, above=room)
                 if at_least > room:
                     raise PromptTooLong(start + at_least, self._max_prompt)
-            self._codec.encode_into(chunk, self.cache, ids)
+            self._codec.encode_into(chunk, self.cache if self._memos else None, ids)
             if len(ids) > start:
                 rendered.append(Span(start, len(ids)))
 
