@@ -20,8 +20,10 @@ from typing import Any
 
 import pytest
 
-from openforge_proxy.domain.splice import Splicer, _RenderMemo, norm_ref
+from openforge_proxy.domain.splice import Splicer
+from openforge_proxy.domain.splice_memo import RenderMemo
 from openforge_proxy.domain.template_loop import LoopCache
+from openforge_proxy.domain.turns import norm_ref
 from openforge_testing.fakes import ScriptedInferenceServer, final_text, tool_call_text
 
 CHAT = "/v1/chat/completions"
@@ -236,7 +238,7 @@ async def test_resumed_renders_equal_full_ones(
 ) -> None:
     """Every prompt built by resuming the session's previous render equals the one built from scratch."""
     full_render = Splicer._render
-    full_resume = _RenderMemo.resume
+    full_resume = RenderMemo.resume
     resumed = 0
 
     def checked(self: Splicer, *args: Any) -> Any:
@@ -251,7 +253,7 @@ async def test_resumed_renders_equal_full_ones(
 
     partial = known = 0
 
-    def counted(self: _RenderMemo, text: str, turns: list[str], same: int = 0) -> int | None:
+    def counted(self: RenderMemo, text: str, turns: list[str], same: int = 0) -> int | None:
         nonlocal resumed, partial, known
         at = full_resume(self, text, turns, same)
         resumed += at is not None
@@ -260,7 +262,7 @@ async def test_resumed_renders_equal_full_ones(
         return at
 
     monkeypatch.setattr(Splicer, "_render", checked)
-    monkeypatch.setattr(_RenderMemo, "resume", counted)
+    monkeypatch.setattr(RenderMemo, "resume", counted)
     await test_openclaw_history_edits_still_extend(qwen3_model_dir, start_proxy)
     await test_breaks_are_reported_with_their_cause(model_dir, start_proxy)
     await test_identical_text_turns_match_in_conversation_order(model_dir, start_proxy)
@@ -354,7 +356,7 @@ async def test_whole_floats_resent_as_integers_still_match(model_dir: Path, star
 
 
 def test_floats_that_are_not_whole_keep_their_identity() -> None:
-    from openforge_proxy.domain.splice import fingerprint
+    from openforge_proxy.domain.turns import fingerprint
 
     assert fingerprint("", [("f", '{"a": 30.0}')]) == fingerprint("", [("f", {"a": 30})])
     assert fingerprint("", [("f", '{"a": 30.5}')]) != fingerprint("", [("f", {"a": 30})])

@@ -10,7 +10,7 @@ from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.engine import Sampling
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import CallRecordData
-from openforge_proxy.domain.splice import SpliceReport
+from openforge_proxy.domain.splice_plan import SpliceReport
 from openforge_proxy.domain.tokens import PackedIds, ids_array, pack_ids
 
 

@@ -21,7 +21,7 @@ from openforge_proxy.domain.engine import Sampling
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import failed_record
 from openforge_proxy.domain.scrub import scrub_json_bytes
-from openforge_proxy.domain.splice import BreakCause, Span, SpliceReport
+from openforge_proxy.domain.splice_plan import BreakCause, Span, SpliceReport
 from openforge_proxy.domain.tokens import PackedIds, ids_array, pack_ids
 
 IDS = [0, 1, 127, 128, 16383, 16384, 2_097_151, 2_097_152, 151_643, *random.Random(0).choices(range(200_000), k=500)]

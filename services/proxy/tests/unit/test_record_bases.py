@@ -9,7 +9,8 @@ from record_builders import make_record
 
 from openforge_proxy.domain.record import CallRecordData
 from openforge_proxy.domain.session_calls import SessionCalls
-from openforge_proxy.domain.splice import Splicer, SpliceReport
+from openforge_proxy.domain.splice import Splicer
+from openforge_proxy.domain.splice_plan import SpliceReport
 from openforge_proxy.domain.tokens import pack_ids
 
 

@@ -31,7 +31,7 @@ from openforge_proxy.domain.call_roles import CallRole
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.output import Finish
 from openforge_proxy.domain.record import CallRecordData, RecordTooLarge
-from openforge_proxy.domain.splice import BreakCause, Span, SpliceReport
+from openforge_proxy.domain.splice_plan import BreakCause, Span, SpliceReport
 from openforge_proxy.domain.tokens import PackedIds, varint
 
 SUBJECT = subject_for("proxy", "call_recorded")

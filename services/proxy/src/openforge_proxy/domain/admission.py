@@ -36,7 +36,8 @@ from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.screen import Screen, TooLong
 from openforge_proxy.domain.session_calls import CallState, SessionCalls
 from openforge_proxy.domain.sessions import Session, SessionRegistry
-from openforge_proxy.domain.splice import PromptPlan, PromptTooLong, Splicer
+from openforge_proxy.domain.splice import Splicer
+from openforge_proxy.domain.splice_plan import PromptPlan, PromptTooLong
 
 RuntimeGetter = Callable[[], Awaitable[ModelRuntime]]
 

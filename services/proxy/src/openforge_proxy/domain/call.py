@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -18,11 +19,12 @@ from openforge_proxy.domain.generation import Generation
 from openforge_proxy.domain.output import ApiError, Usage
 from openforge_proxy.domain.protocols import dumps
 from openforge_proxy.domain.protocols.codec import CODECS, StreamEncoder, WireCodec
-from openforge_proxy.domain.record import Recorder
+from openforge_proxy.domain.record import CallRecordData, Recorder
 from openforge_proxy.domain.runtime import ModelRuntime
+from openforge_proxy.domain.scrub import scrub_headers
 from openforge_proxy.domain.session_calls import SessionCalls
 from openforge_proxy.domain.sessions import Session
-from openforge_proxy.domain.splice import PromptPlan, turn_id_of
+from openforge_proxy.domain.splice_plan import PromptPlan, turn_id_of
 
 
 class ClientGone(Exception):
@@ -145,6 +147,40 @@ class Call:
     sent: list[bytes] = field(default_factory=list)  # the answer's bytes, in order
     ttfb: float = 0.0  # seconds from the request to the answer's first byte
     held: bool = False  # the whole answer is out but its last byte (until the record is acknowledged)
+
+    def record(self) -> CallRecordData:
+        """The answered call's record (the answer's bytes as sent so far, its times to now)."""
+        p, gen, pre = self.p, self.gen, self.pre
+        assert pre is not None
+        return CallRecordData(
+            rollout_id=p.session.rollout_id,
+            run_id=p.session.run_id,
+            call_id=p.call_id,
+            attempt=p.attempt,
+            wire_api=p.request.wire,
+            model=p.request.model,
+            request_json=pre.request_json,
+            request_headers=scrub_headers(self.headers),
+            canonical_json=pre.canonical_json,
+            prompt=p.plan.prompt,
+            completion_ids=gen.ids,
+            logprobs=gen.logprobs,
+            policy_versions=gen.versions,
+            sampling=p.sampling,
+            finish=gen.out.finish,
+            receive_time=self.receive_time,
+            ttfb_s=self.ttfb,
+            total_s=time.monotonic() - self.received,
+            splice=p.plan.report,
+            response_body=b"".join(self.sent),
+            stream=p.request.stream,
+            extra={"turn_id": self.turn_id},
+            cut=pre.cut,
+            parts=pre.parts,
+            rollout_attempt=p.session.rollout_attempt,
+            role=p.call_class.role,
+            lineage_id=p.call_class.lineage_id,
+        )
 
     @property
     def turn_id(self) -> str:

@@ -155,7 +155,7 @@ class Message:
     _record: bytes | None = field(default=None, init=False, repr=False, compare=False)
     #: Splice fingerprint, computed once by :func:`openforge_proxy.domain.splice.message_fingerprint`.
     fingerprint: str | None = field(default=None, init=False, repr=False, compare=False)
-    #: Digest of role and stripped text, computed once by :func:`openforge_proxy.domain.splice.context_key`.
+    #: Digest of role and stripped text, computed once by :func:`openforge_proxy.domain.turns.context_key`.
     text_digest: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     def template_dict(self) -> dict[str, Any]:

@@ -219,7 +219,7 @@ class CallHandler:
             usage, final = self._answer(call, tail)
             if not await self._check_session(call):
                 return
-            record = self._record(call, usage)
+            record = call.record()
             if await self._publish(call, record, final) and await self._settle(call, usage):
                 p.state.recorded(record, call.turn_id)
                 await self._deliver(call, final, usage)
@@ -319,40 +319,6 @@ class CallHandler:
             await self._break_off(call, err)
             return False
         return True
-
-    def _record(self, call: Call, usage: Usage) -> CallRecordData:
-        """The call's record."""
-        p, gen, pre = call.p, call.gen, call.pre
-        assert pre is not None
-        return CallRecordData(
-            rollout_id=p.session.rollout_id,
-            run_id=p.session.run_id,
-            call_id=p.call_id,
-            attempt=p.attempt,
-            wire_api=p.request.wire,
-            model=p.request.model,
-            request_json=pre.request_json,
-            request_headers=scrub_headers(call.headers),
-            canonical_json=pre.canonical_json,
-            prompt=p.plan.prompt,
-            completion_ids=gen.ids,
-            logprobs=gen.logprobs,
-            policy_versions=gen.versions,
-            sampling=p.sampling,
-            finish=gen.out.finish,
-            receive_time=call.receive_time,
-            ttfb_s=call.ttfb,
-            total_s=time.monotonic() - call.received,
-            splice=p.plan.report,
-            response_body=b"".join(call.sent),
-            stream=p.request.stream,
-            extra={"turn_id": call.turn_id},
-            cut=pre.cut,
-            parts=pre.parts,
-            rollout_attempt=p.session.rollout_attempt,
-            role=p.call_class.role,
-            lineage_id=p.call_class.lineage_id,
-        )
 
     async def _publish(self, call: Call, record: CallRecordData, final: bytes) -> bool:
         """Publishes the record and commits the call's turn to the session's splice state; False

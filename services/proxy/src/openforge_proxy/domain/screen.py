@@ -1,6 +1,6 @@
 """A large body whose prompt cannot fit, found from its parse alone (in the body parser's process).
 
-A 30 MiB request is refused by :func:`~openforge_proxy.domain.splice.check_fits` as soon as it is
+A 30 MiB request is refused by :func:`~openforge_proxy.domain.splice_plan.check_fits` as soon as it is
 converted, but to get there the proxy first builds every string of its parse: a fresh 30 MiB
 ``str`` is written to pages the process has not touched, about 15-20 ms holding the interpreter
 lock (measured on two cores with ``tools/bench/proxy_big_body_bench.py``), during which no other
@@ -26,7 +26,7 @@ import orjson
 from openforge_core.errors import InvalidArgument
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.protocols.codec import CODECS, ParseContext
-from openforge_proxy.domain.splice import PromptTooLong, check_fits, tool_forms
+from openforge_proxy.domain.splice_plan import PromptTooLong, check_fits, tool_forms
 from openforge_proxy.domain.tokens import text_floor
 
 
@@ -52,7 +52,7 @@ class TooLong:
 
     Attributes:
         model: The request's model.
-        at_least: :class:`~openforge_proxy.domain.splice.PromptTooLong`'s lower bound, tokens.
+        at_least: :class:`~openforge_proxy.domain.splice_plan.PromptTooLong`'s lower bound, tokens.
         maximum: Its most tokens.
     """
 
@@ -67,7 +67,7 @@ class TooLong:
 
 def screen(parsed: dict[str, Any], call: Screen) -> TooLong | None:
     """:class:`TooLong` where the reference path converts ``parsed`` and refuses it as too long
-    (:func:`~openforge_proxy.domain.splice.check_fits`), else None (an invalid body included)."""
+    (:func:`~openforge_proxy.domain.splice_plan.check_fits`), else None (an invalid body included)."""
     try:
         # as a large body is converted: no memos; a Responses item's turn (what the session knows
         # of earlier responses) only groups assistant items, whose text check_fits does not count

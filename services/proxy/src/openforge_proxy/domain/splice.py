@@ -44,33 +44,61 @@ ids as follows.
    and whether the prompt extends the anchor call's prompt + completion; if
    not, the first diverging position and a cause (RETRY, COMPACTION,
    SUB_AGENT, TEMPLATE_DRIFT, OTHER).
+
+The generated turns and what messages are matched by live in :mod:`.turns`, the plan, the
+report and the checks before a build in :mod:`.splice_plan`, and the memos that make a
+session's next build cheaper in :mod:`.splice_memo`: a layer, off with ``memos=False``.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import operator
-import re
 import secrets
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import repeat
 from typing import Any
 
-import orjson
-
 from openforge_proxy.domain.conversation import Message, Tool, ToolCall, ToolKind
 from openforge_proxy.domain.families import Family
 from openforge_proxy.domain.output import AssistantOutput
+from openforge_proxy.domain.splice_memo import (
+    BY_AFTER,
+    BY_FP,
+    BY_NONE,
+    BY_REF,
+    Forms,
+    Mark,
+    Matching,
+    RenderMemo,
+)
+from openforge_proxy.domain.splice_plan import (
+    BreakCause,
+    PromptPlan,
+    PromptTooLong,
+    Span,
+    SpliceReport,
+    check_fits,
+    tool_forms,
+    turn_id_of,
+)
 from openforge_proxy.domain.template import ChatTemplate
 from openforge_proxy.domain.template_loop import LoopCache, same_objects
 from openforge_proxy.domain.tokens import ChunkCache, IdsBuilder, PackedIds, TokenizerCodec
+from openforge_proxy.domain.turns import (
+    GeneratedTurn,
+    Head,
+    answering,
+    context_key,
+    fingerprint,
+    message_fingerprint,
+    norm_ref,
+)
 
-_NON_ALNUM = re.compile(r"[^0-9a-z]")
 #: Stands for the k-th generated turn in a render. Private-use characters around a per-process
 #: random nonce: no text a harness sends can hold it (it never leaves the process).
 _SENTINEL = "\ue000ofsplice-" + secrets.token_hex(8) + "-{}\ue001"
@@ -89,395 +117,6 @@ def _sentinel_message(k: int) -> dict[str, Any]:
 MAX_MOVED_MESSAGES = 2
 
 
-class BreakCause(enum.Enum):
-    """Why a prompt does not extend the previous call (``openforge.common.v1.BreakCause``)."""
-
-    NONE = "none"
-    COMPACTION = "compaction"
-    SUB_AGENT = "sub_agent"
-    RETRY = "retry"
-    TEMPLATE_DRIFT = "template_drift"
-    OTHER = "other"
-
-
-@dataclass(frozen=True)
-class Span:
-    """Prompt positions ``[start, end)``; ``source_call_id`` set for reused sampled ids.
-
-    A session's prompts share their leading span objects (the splicer resumes from its
-    previous render), so what is derived from a span (its serialized form in the call
-    record) is kept on it by :meth:`derived` and computed once per span, for as long as
-    the span lives.
-    """
-
-    start: int
-    end: int
-    source_call_id: str = ""
-    _derived: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
-
-    def derived(self, key: str, make: Callable[[Span], Any]) -> Any:
-        """``make(self)``, computed once per ``key`` (``make`` must depend on the span alone)."""
-        got = self._derived.get(key, _MISSING)
-        if got is _MISSING:
-            got = self._derived[key] = make(self)
-        return got
-
-
-_MISSING = object()
-
-
-@dataclass
-class SpliceReport:
-    """How one prompt was built.
-
-    Attributes:
-        reused: Spans holding ids an earlier call sampled.
-        rendered: Spans rendered from text.
-        break_cause: Whether/why the prompt does not extend the anchor call.
-        break_detail: Detail (first diverging position, what changed).
-        notes: What the proxy did to keep the prompt extending (moved messages kept).
-        extends_call_id: The call whose prompt + completion this prompt extends.
-    """
-
-    reused: list[Span] = field(default_factory=list)
-    rendered: list[Span] = field(default_factory=list)
-    break_cause: BreakCause = BreakCause.NONE
-    break_detail: str = ""
-    notes: list[str] = field(default_factory=list)
-    extends_call_id: str = ""
-
-    def retry(self, call_id: str) -> None:
-        """Marks the prompt as a repeat of call ``call_id`` (cause RETRY)."""
-        self.break_cause = BreakCause.RETRY
-        self.break_detail = f"repeats call {call_id}"
-
-
-def norm_ref(ref: str) -> str:
-    """A reference compared loosely: lower case, alphanumerics only."""
-    return _NON_ALNUM.sub("", ref.lower())
-
-
-def _integral(value: Any) -> Any:
-    """``value`` with every float that is a whole number in orjson's integer range
-    (-2**63 to 2**64 - 1) as an int.
-
-    JavaScript has one number type: a client built on it (Claude Code, OpenClaw) sends the
-    model's ``30.0``, ``1e3`` or ``1e17`` back as ``30``, ``1000`` or ``100000000000000000``
-    (``JSON.stringify`` writes whole numbers below 1e21 as integer digits), which orjson reads
-    back as an int within that range and as a float beyond it.
-    """
-    if isinstance(value, float):
-        return int(value) if value.is_integer() and -(2**63) <= value < 2**64 else value
-    if isinstance(value, dict):
-        return {k: _integral(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_integral(v) for v in value]
-    return value
-
-
-def _json_key(value: dict[str, Any] | list[Any]) -> str:
-    text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-    if b"." in text or b"e" in text or b"E" in text:  # floats possible: whole ones as ints
-        text = orjson.dumps(_integral(value), option=orjson.OPT_SORT_KEYS)
-    return text.decode()
-
-
-def _args_key(arguments: Any) -> str:
-    """Canonical text of tool-call arguments: parsed JSON with sorted keys and whole floats as
-    ints (what a client's re-serialization keeps of them), else the stripped text."""
-    if isinstance(arguments, dict | list):
-        return _json_key(arguments)
-    if isinstance(arguments, str):
-        try:
-            parsed = orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            return arguments.strip()
-        if isinstance(parsed, dict | list):
-            return _json_key(parsed)
-        return arguments.strip()
-    return orjson.dumps(_integral(arguments)).decode()
-
-
-def fingerprint(content: str, calls: Sequence[tuple[str, Any]]) -> str:
-    """Identity of what an assistant turn says: stripped text, tool names and canonical arguments."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(content.strip().encode())
-    for name, arguments in calls:
-        h.update(b"\x00" + name.encode() + b"\x01" + _args_key(arguments).encode())
-    return h.hexdigest()
-
-
-def message_fingerprint(msg: Message) -> str:
-    """:func:`fingerprint` of a canonical assistant message (computed once per message object)."""
-    fp = msg.fingerprint
-    if fp is None:
-        fp = msg.fingerprint = fingerprint(msg.content, [(tc.name, tc.arguments) for tc in msg.tool_calls])
-    return fp
-
-
-@dataclass
-class GeneratedTurn:
-    """An assistant turn this proxy generated.
-
-    Attributes:
-        turn_id: ``<call_id>/<attempt>``.
-        call_id: The call that sampled it.
-        ids: Generation-prompt ids after the assistant header, then the sampled ids.
-        packed: Their packed encoding.
-        ends_turn: The sampled ids end with an end-of-turn token.
-        fingerprint: :func:`fingerprint` of its parsed output.
-        message: Its canonical form (as the harness should send it back).
-        parent: The generated turn before it in the conversation the model saw, or None.
-    """
-
-    turn_id: str
-    call_id: str
-    ids: array[int]
-    packed: bytes
-    ends_turn: bool
-    fingerprint: str
-    message: Message
-    parent: str | None = None
-    context: str = ""
-    delivered: bool = True
-
-
-def _text_digest(msg: Message | None) -> bytes:
-    if msg is None:
-        return b""
-    d = msg.text_digest
-    if d is None:
-        d = msg.text_digest = hashlib.blake2b(
-            msg.role.encode() + b"\x00" + msg.content.strip().encode(), digest_size=16
-        ).digest()
-    return d
-
-
-def _answering(gens: list[GeneratedTurn], context: str) -> GeneratedTurn | None:
-    """The first of ``gens`` that answered ``context`` and reached the harness, else the first
-    that answered it (None if none did)."""
-    answered = [g for g in gens if g.context == context]
-    return next((g for g in answered if g.delivered), answered[0] if answered else None)
-
-
-def context_key(first: Message | None, before: Message | None) -> str:
-    """What a turn answered: the role and stripped text of the conversation's first message
-    (usually the system prompt) and of the message right before the turn.
-
-    It tells apart turns that say the same after the same generated turn (or after none): a
-    main agent's and a sub-agent's first "OK.", which answered different requests.
-    """
-    return (_text_digest(first) + _text_digest(before)).hex()
-
-
-@dataclass
-class Head:
-    """The conversation the model saw up to and including one generated turn.
-
-    Attributes:
-        turn_id: The turn ending the view.
-        call_id: The call that produced it.
-        messages: The view (the last message is the turn).
-        turns: Parallel to ``messages``: the generated turn id of each, or None.
-        tools_key: Identity of the rendered tools.
-        tokens: The call's prompt ids + sampled ids.
-        packed: Their packed encoding (prefix checks compare bytes).
-        kept: Positions of messages the harness no longer sends that the proxy kept.
-    """
-
-    turn_id: str
-    call_id: str
-    messages: list[Message]
-    turns: list[str | None]
-    tools_key: str
-    tokens: array[int]
-    packed: bytes
-    kept: frozenset[int] = frozenset()
-
-
-@dataclass
-class PromptPlan:
-    """A built prompt and what the proxy needs to commit the call's outcome.
-
-    Attributes:
-        prompt: The prompt the engine will see (ids and packed encoding).
-        prefill_ids: The ids after the last assistant header (part of the generation prompt).
-        messages: The conversation rendered (the model's view).
-        turns: Parallel to ``messages``: generated turn ids.
-        tools_key: Identity of the rendered tools.
-        report: The splice report.
-        cached_tokens: Leading prompt ids equal to the anchor call's prompt + completion.
-        kept: Positions in ``messages`` the proxy kept although the harness no longer sends them.
-    """
-
-    prompt: PackedIds
-    prefill_ids: PackedIds
-    messages: list[Message]
-    turns: list[str | None]
-    tools_key: str
-    report: SpliceReport
-    cached_tokens: int = 0
-    kept: frozenset[int] = frozenset()
-
-    @property
-    def prompt_ids(self) -> list[int]:
-        """The prompt ids as a list (diagnostics and tests; the call path uses :attr:`prompt`)."""
-        return self.prompt.tolist()
-
-
-@dataclass(frozen=True)
-class _Mark:
-    """A point of a rendered prompt right after a reused span (or its start), where building may resume.
-
-    Attributes:
-        pos: Offset in the rendered text.
-        ids: Prompt ids before it.
-        packed: Bytes of their packed encoding.
-        reused: Reused spans before it.
-        rendered: Rendered spans before it.
-    """
-
-    pos: int
-    ids: int
-    packed: int
-    reused: int
-    rendered: int
-
-
-@dataclass
-class _RenderMemo:
-    """The previous render of a session: the turns it spliced and where building may resume.
-
-    Everything before a mark is a function of the text before it and the turns spliced
-    there: text segments are encoded in chunks cut before message-start tokens, and a
-    mark sits right after a splice, where a segment (so a chunk) begins. A new render
-    whose text equals this one up to a mark, splicing the same turns there, therefore has
-    exactly the same ids, packed bytes and spans up to that mark; only the rest is
-    encoded. Equality is checked on the text itself (the previous text is kept: comparing
-    it is a memory compare, where hashing the new text segment by segment cost a tenth of
-    a call), so it holds whatever the template does to earlier messages: when it renders
-    them differently, the texts differ and building resumes earlier, or starts over. The
-    template's incremental render may know already that a prefix of the text is unchanged
-    (:attr:`~openforge_proxy.domain.template_loop.LoopCache.same_prefix`); up to there the
-    text is not compared again.
-
-    Attributes:
-        renders: The session's template renders (``LoopCache.renders``) after this one's.
-    """
-
-    turns: list[str]
-    marks: list[_Mark]
-    prompt: PackedIds
-    reused: list[Span]
-    rendered: list[Span]
-    text: str
-    renders: int
-
-    def _holds(self, i: int, text: str, turns: list[str], known: int) -> bool:
-        m = self.marks[i]
-        return (
-            m.pos <= len(text)
-            and m.reused <= len(turns)
-            and turns[: m.reused] == self.turns[: m.reused]
-            and (m.pos <= known or text.startswith(self.text[: m.pos]))
-        )
-
-    def resume(self, text: str, turns: list[str], known: int = 0) -> int | None:
-        """The index of the last mark up to which ``text`` (splicing ``turns``) equals this render.
-
-        None when only the start does. Holding at a mark implies holding at every earlier
-        one, so the last is tried first (a conversation that only grew), then found by
-        bisection. ``known``: how many leading characters of ``text`` are known to equal
-        this render's.
-        """
-        last = len(self.marks) - 1
-        if last < 1:
-            return None
-        if self._holds(last, text, turns, known):
-            return last
-        lo, hi = 0, last - 1  # marks[lo] holds (the start always does); find the last that holds
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._holds(mid, text, turns, known):
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo or None
-
-
-#: Which rule of :meth:`Splicer.match` decided: a reference, the turn following the
-#: predecessor's, any turn saying the same, none.
-_BY_REF, _BY_AFTER, _BY_FP, _BY_NONE = range(4)
-_NEVER = 1 << 62
-
-
-@dataclass
-class _Matching:
-    """A build's matching, and the first message each kind of new turn could change.
-
-    Attributes:
-        messages: The request's messages.
-        matched: Parallel: their generated turns.
-        vias: Parallel: the rule that decided (:data:`_BY_REF`...).
-        previous: Parallel: the turn the previous assistant message matched, before each.
-        commits: Turns committed before this build (:attr:`Splicer._commits`).
-        by_ref: Normalized reference -> the first assistant message carrying it.
-        by_key: (previous turn, fingerprint) -> the first assistant message the reference
-            rule did not decide with them.
-        by_fp: Fingerprint -> the first assistant message neither of the first two rules decided
-            (:data:`_BY_FP`: :meth:`Splicer.match` weighed every turn saying the same).
-    """
-
-    messages: list[Message]
-    matched: list[str | None]
-    vias: list[int]
-    previous: list[str | None]
-    commits: int
-    by_ref: dict[str, int] = field(default_factory=dict)
-    by_key: dict[tuple[str | None, str], int] = field(default_factory=dict)
-    by_fp: dict[str, int] = field(default_factory=dict)
-
-    def index(self, start: int) -> None:
-        """Adds the messages from ``start`` on to the maps (an earlier message keeps its place)."""
-        for i in range(start, len(self.messages)):
-            msg = self.messages[i]
-            if msg.role != "assistant":
-                continue
-            for ref in msg.refs:
-                if ref:  # an empty reference is never looked up
-                    self.by_ref.setdefault(norm_ref(ref), i)
-            via = self.vias[i]
-            if via != _BY_REF:
-                fp = message_fingerprint(msg)
-                self.by_key.setdefault((self.previous[i], fp), i)
-                if via != _BY_AFTER:
-                    self.by_fp.setdefault(fp, i)
-
-    def first_changed(self, gen: GeneratedTurn, refs: list[str]) -> int:
-        """The first message whose match the new turn ``gen`` (its normalized references
-        ``refs``) could change (:data:`_NEVER` when none)."""
-        first = min((self.by_ref.get(r, _NEVER) for r in refs), default=_NEVER)
-        first = min(first, self.by_key.get((gen.parent, gen.fingerprint), _NEVER))
-        return min(first, self.by_fp.get(gen.fingerprint, _NEVER))
-
-
-@dataclass(frozen=True)
-class _Forms:
-    """A render's conversation and its template forms.
-
-    Attributes:
-        view: The messages rendered.
-        turns: Parallel: their generated turn ids.
-        dicts: Parallel: their template forms.
-        order: The generated turns rendered, in order.
-    """
-
-    view: list[Message]
-    turns: list[str | None]
-    dicts: list[dict[str, Any]]
-    order: list[GeneratedTurn]
-
-
 def _same(a: Message, b: Message) -> bool:
     if a is b:
         return True
@@ -487,53 +126,18 @@ def _same(a: Message, b: Message) -> bool:
         return False
 
 
-class PromptTooLong(Exception):
-    """The prompt cannot fit: refused before its text is tokenized.
+@dataclass
+class _Built:
+    """A prompt being built from a render's text: its ids and spans so far, a mark after each
+    spliced turn (:class:`~.splice_memo.Mark`), where in the text it stands and how many of the
+    render's generated turns it spliced."""
 
-    Attributes:
-        at_least: A lower bound of its length, tokens.
-        maximum: The most tokens a prompt may have.
-    """
-
-    def __init__(self, at_least: int, maximum: int) -> None:
-        super().__init__(f"prompt is too long: at least {at_least} tokens > {maximum} maximum")
-        self.at_least = at_least
-        self.maximum = maximum
-
-
-def tool_forms(tools: Sequence[Tool]) -> tuple[list[dict[str, Any]], bytes]:
-    """The rendered tools' template forms and their JSON.
-
-    Raises:
-        orjson.JSONEncodeError: A tool's schema is nested deeper than orjson writes.
-    """
-    dicts = [t.template_dict() for t in tools if t.rendered]
-    return dicts, orjson.dumps(dicts)
-
-
-def check_fits(messages: Sequence[Message], min_tokens: Callable[[str, int], int], max_prompt: int) -> None:
-    """Refuses, before anything is rendered, a conversation whose system, user and tool messages'
-    text alone needs more than ``max_prompt`` tokens (chat templates render that text whole;
-    assistant text is not counted: a template may drop part of it, such as reasoning left in it).
-
-    Args:
-        messages: The canonical conversation.
-        min_tokens: ``(text, above)`` to a lower bound of the text's tokens
-            (:meth:`~openforge_proxy.domain.tokens.TokenizerCodec.min_tokens`).
-        max_prompt: The most tokens a prompt may have (0: no limit).
-
-    Raises:
-        PromptTooLong: It cannot fit; ``at_least`` is the sum up to the first message that
-            passes ``max_prompt``.
-    """
-    if not max_prompt:
-        return
-    at_least = 0
-    for m in messages:
-        if m.role != "assistant" and m.content:
-            at_least += min_tokens(m.content, max_prompt - at_least)
-            if at_least > max_prompt:
-                raise PromptTooLong(at_least, max_prompt)
+    ids: IdsBuilder = field(default_factory=IdsBuilder)
+    reused: list[Span] = field(default_factory=list)
+    rendered: list[Span] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=lambda: [Mark(0, 0, 0, 0, 0)])
+    pos: int = 0
+    turns: int = 0
 
 
 class Splicer:
@@ -600,11 +204,11 @@ class Splicer:
         self._fps: dict[str, list[str]] = {}
         self._after: dict[tuple[str | None, str], list[str]] = {}  # (parent, fingerprint) -> turns
         self.heads: OrderedDict[str, Head] = OrderedDict()
-        self._memo: _RenderMemo | None = None
+        self._memo: RenderMemo | None = None
         self._loop_cache = LoopCache()  # the template's previous render (template_loop)
         self._tools: tuple[Sequence[Tool], tuple[str, list[dict[str, Any]]]] | None = None
-        self._forms: _Forms | None = None  # the last render's template forms
-        self._matching: _Matching | None = None  # the last build's matching
+        self._forms: Forms | None = None  # the last render's template forms
+        self._matching: Matching | None = None  # the last build's matching
         self._commits: list[tuple[GeneratedTurn, list[str]]] = []  # each turn, its normalized references
 
     def drop_caches(self) -> None:
@@ -644,42 +248,42 @@ class Splicer:
             first: The request's first message, if any.
 
         Returns:
-            The turn whose echoed identifier the message carries (:data:`_BY_REF`); else,
+            The turn whose echoed identifier the message carries (:data:`BY_REF`); else,
             among the unused turns saying the same and following ``previous`` in the model's
             view, the latest one that answered the same (:func:`context_key` of ``first`` and
             ``before``) and reached the harness, else the latest that answered the same, else
-            the latest that reached the harness, else the latest (:data:`_BY_AFTER`); else,
-            among all unused turns saying the same, chosen the same way (:data:`_BY_FP`);
-            else None (:data:`_BY_NONE`).
+            the latest that reached the harness, else the latest (:data:`BY_AFTER`); else,
+            among all unused turns saying the same, chosen the same way (:data:`BY_FP`);
+            else None (:data:`BY_NONE`).
         """
         fp = message_fingerprint(msg)
         for ref in msg.refs:
             turn = self.turn_of_ref(ref)
             if turn is not None and self.turns[turn].fingerprint == fp:
-                return turn, _BY_REF
+                return turn, BY_REF
         after = [self.turns[t] for t in reversed(self._after.get((previous, fp), ())) if t not in used]
         if len(after) == 1 and previous is not None:
-            return after[0].turn_id, _BY_AFTER  # no choice
+            return after[0].turn_id, BY_AFTER  # no choice
         same = [self.turns[t] for t in reversed(self._fps.get(fp, ())) if t not in used]
         if not after and len(same) <= 1:
-            return (same[0].turn_id, _BY_FP) if same else (None, _BY_NONE)
+            return (same[0].turn_id, BY_FP) if same else (None, BY_NONE)
         context = context_key(first, before)
         # answered the same, and the harness got it (not only an attempt it left); else answered
         # the same. With no predecessor (the first turn, or one after an edited turn), a turn
         # that answered the same counts more than following no turn.
-        gen = _answering(after, context)
+        gen = answering(after, context)
         if gen is not None:
-            return gen.turn_id, _BY_AFTER
+            return gen.turn_id, BY_AFTER
         weigh_all = previous is None or not after
-        if weigh_all and (gen := _answering(same, context)) is not None:
-            return gen.turn_id, _BY_FP
+        if weigh_all and (gen := answering(same, context)) is not None:
+            return gen.turn_id, BY_FP
         # nothing answered the same; a decision that weighed every turn saying the same is one a
-        # new such turn can change (:data:`_BY_FP`)
-        rule = _BY_FP if weigh_all else _BY_AFTER
+        # new such turn can change (:data:`BY_FP`)
+        rule = BY_FP if weigh_all else BY_AFTER
         for gens in (after, same):
             if gens:
                 return next((g for g in gens if g.delivered), gens[0]).turn_id, rule
-        return None, _BY_NONE
+        return None, BY_NONE
 
     def forget_head(self, turn_id: str) -> None:
         """Drops the conversation view a committed turn ended (its prompt and sampled ids),
@@ -776,8 +380,8 @@ class Splicer:
         when those gave nothing or the message has no predecessor, every turn saying the same.
         A new turn changes nothing for a message whose references it does not carry, whose
         (predecessor, fingerprint) it does not have, and, for one decided by weighing every turn
-        saying the same (:data:`_BY_FP`), whose fingerprint it does not have
-        (:class:`_Matching` finds the first message each new turn could change). A turn marked
+        saying the same (:data:`BY_FP`), whose fingerprint it does not have
+        (:class:`Matching` finds the first message each new turn could change). A turn marked
         undelivered since drops every kept match (:meth:`undelivered`).
         """
         memo = self._matching
@@ -795,7 +399,7 @@ class Splicer:
         previous = next((matched[j] for j in range(k - 1, -1, -1) if messages[j].role == "assistant"), None)
         for i in range(k, len(messages)):
             msg = messages[i]
-            turn, via = None, _BY_NONE
+            turn, via = None, BY_NONE
             prevs.append(previous)
             if msg.role == "assistant":
                 turn, via = self.match(msg, used, previous, messages[i - 1] if i else None, messages[0])
@@ -804,7 +408,7 @@ class Splicer:
                 used.add(turn)
             matched.append(turn)
             vias.append(via)
-        out = _Matching(list(messages), matched, vias, prevs, len(self._commits))  # the caller's list may change
+        out = Matching(list(messages), matched, vias, prevs, len(self._commits))  # the caller's list may change
         if memo is not None and k == len(memo.messages):  # it only grew: the earlier entries are kept
             out.by_ref, out.by_key, out.by_fp = memo.by_ref, memo.by_key, memo.by_fp
             out.index(k)
@@ -873,9 +477,35 @@ class Splicer:
     def _render(
         self, view: list[Message], turns: list[str | None], tool_dicts: list[dict[str, Any]]
     ) -> tuple[PackedIds, list[Span], list[Span]]:
-        # the template forms of the leading messages that are the previous render's same objects
-        # with the same turns are the previous render's (a message's is built once; the k-th
-        # generated turn's is one shared dict)
+        """The conversation rendered with placeholders, then built into ids: text encoded, each
+        placeholder's turn spliced in as its sampled ids (resumed from the previous render
+        where its text and turns are the same: :class:`~.splice_memo.RenderMemo`)."""
+        text, order = self._template_text(view, turns, tool_dicts)
+        order_ids = [g.turn_id for g in order]
+        built = self._resumed(text, order_ids) or _Built()
+        for k in range(built.turns, len(order)):
+            self._splice_turn(text, k, order[k], built)
+        tail = text[built.pos :]
+        if self._prefill and tail.endswith(self._prefill):
+            self._emit(tail[: len(tail) - len(self._prefill)], built)
+            start = len(built.ids)
+            built.ids.add(self._prefill_ids.ids, self._prefill_ids.packed)
+            built.rendered.append(Span(start, len(built.ids)))
+        else:
+            self._emit(tail, built)
+        prompt = built.ids.build()
+        self._memo = RenderMemo(
+            order_ids, built.marks, prompt, built.reused, built.rendered, text, self._loop_cache.renders
+        )
+        return prompt, list(built.reused), list(built.rendered)
+
+    def _template_text(
+        self, view: list[Message], turns: list[str | None], tool_dicts: list[dict[str, Any]]
+    ) -> tuple[str, list[GeneratedTurn]]:
+        """The template's text of ``view``, each generated turn a placeholder, and those turns
+        in order. The template forms of the leading messages that are the previous render's
+        same objects with the same turns are the previous render's (a message's is built once;
+        the k-th generated turn's is one shared dict)."""
         last = self._forms
         k = 0
         if last is not None:
@@ -892,83 +522,82 @@ class Splicer:
             else:
                 dicts.append(_sentinel_message(len(order)))
                 order.append(self.turns[turn])
-        self._forms = _Forms(view, turns, dicts, order)
+        self._forms = Forms(view, turns, dicts, order)
         text = self._tpl.render(
             dicts, tool_dicts, add_generation_prompt=True, cache=self._loop_cache, now=self._now, **self._kwargs
         )
-        header = self._fam.assistant_header
-        eot = self._fam.end_of_turn
-        order_ids = [g.turn_id for g in order]
-        ids = IdsBuilder()
-        reused: list[Span] = []
-        rendered: list[Span] = []
-        marks: list[_Mark] = [_Mark(0, 0, 0, 0, 0)]
-        pos = 0
-        first = 0
+        return text, order
+
+    def _resumed(self, text: str, order_ids: list[str]) -> _Built | None:
+        """The build of ``text`` up to the last mark where it equals the previous render (None:
+        from its start)."""
         memo = self._memo
-        at_mark = None
-        if memo is not None:
-            loops = self._loop_cache
-            # the template's previous render is the memo's: what it knows unchanged is
-            known = loops.same_prefix if loops.renders == memo.renders + 1 else 0
-            at_mark = memo.resume(text, order_ids, known)
-        if memo is not None and at_mark is not None:
-            mark = memo.marks[at_mark]
-            ids.add(memo.prompt.ids[: mark.ids], memo.prompt.packed[: mark.packed])
-            reused = memo.reused[: mark.reused]
-            rendered = memo.rendered[: mark.rendered]
-            marks = memo.marks[: at_mark + 1]
-            pos, first = mark.pos, mark.reused
+        if memo is None:
+            return None
+        loops = self._loop_cache
+        # the template's previous render is the memo's: what it knows unchanged is
+        known = loops.same_prefix if loops.renders == memo.renders + 1 else 0
+        at = memo.resume(text, order_ids, known)
+        if at is None:
+            return None
+        mark = memo.marks[at]
+        built = _Built(
+            reused=memo.reused[: mark.reused],
+            rendered=memo.rendered[: mark.rendered],
+            marks=memo.marks[: at + 1],
+            pos=mark.pos,
+            turns=mark.reused,
+        )
+        built.ids.add(memo.prompt.ids[: mark.ids], memo.prompt.packed[: mark.packed])
+        return built
 
-        def emit_text(chunk: str) -> None:
-            if not chunk:
-                return
-            start = len(ids)
-            if self._max_prompt:
-                room = self._max_prompt - start
-                at_least = self._codec.min_tokens(chunk, above=room)
-                if at_least > room:
-                    raise PromptTooLong(start + at_least, self._max_prompt)
-            self._codec.encode_into(chunk, self.cache if self._memos else None, ids)
-            if len(ids) > start:
-                rendered.append(Span(start, len(ids)))
+    def _splice_turn(self, text: str, k: int, gen: GeneratedTurn, built: _Built) -> None:
+        """Encodes the text before the ``k``-th placeholder's turn (to the end of its assistant
+        header), then adds its sampled ids in place of the turn's text (through its end-of-turn
+        token, when it ended with one)."""
+        header = self._fam.assistant_header
+        sentinel = _SENTINEL.format(k)
+        at = text.find(sentinel, built.pos)
+        h = text.rfind(header, built.pos, at) if at >= 0 else -1
+        if h < 0:
+            raise ValueError(f"the chat template does not frame assistant turns with {header!r}")
+        start = h + len(header)
+        end = at + len(sentinel)
+        if gen.ends_turn:
+            eot = self._fam.end_of_turn
+            if eot and text.startswith(eot, end):
+                end += len(eot)
+            else:
+                # a family whose template writes no end-of-turn token (the model ends its
+                # turn with the token that opens the next message): the sampled one stands
+                # in for the template's copy when they are the same
+                own = self._eot_text.get(gen.ids[-1], "")
+                if own and text.startswith(own, end):
+                    end += len(own)
+        self._emit(text[built.pos : start], built)
+        ids = built.ids
+        s = len(ids)
+        ids.add(gen.ids, gen.packed)
+        built.reused.append(Span(s, len(ids), gen.call_id))
+        built.pos = end
+        built.turns = k + 1
+        built.marks.append(Mark(end, len(ids), ids.packed_len, len(built.reused), len(built.rendered)))
 
-        for k in range(first, len(order)):
-            gen = order[k]
-            sentinel = _SENTINEL.format(k)
-            at = text.find(sentinel, pos)
-            h = text.rfind(header, pos, at) if at >= 0 else -1
-            if h < 0:
-                raise ValueError(f"the chat template does not frame assistant turns with {header!r}")
-            start = h + len(header)
-            end = at + len(sentinel)
-            if gen.ends_turn:
-                if eot and text.startswith(eot, end):
-                    end += len(eot)
-                else:
-                    # a family whose template writes no end-of-turn token (the model ends its
-                    # turn with the token that opens the next message): the sampled one stands
-                    # in for the template's copy when they are the same
-                    own = self._eot_text.get(gen.ids[-1], "")
-                    if own and text.startswith(own, end):
-                        end += len(own)
-            emit_text(text[pos:start])
-            s = len(ids)
-            ids.add(gen.ids, gen.packed)
-            reused.append(Span(s, len(ids), gen.call_id))
-            pos = end
-            marks.append(_Mark(pos, len(ids), ids.packed_len, len(reused), len(rendered)))
-        tail = text[pos:]
-        if self._prefill and tail.endswith(self._prefill):
-            emit_text(tail[: len(tail) - len(self._prefill)])
-            start = len(ids)
-            ids.add(self._prefill_ids.ids, self._prefill_ids.packed)
-            rendered.append(Span(start, len(ids)))
-        else:
-            emit_text(tail)
-        prompt = ids.build()
-        self._memo = _RenderMemo(order_ids, marks, prompt, reused, rendered, text, self._loop_cache.renders)
-        return prompt, list(reused), list(rendered)
+    def _emit(self, chunk: str, built: _Built) -> None:
+        """Encodes rendered text onto the build (refused first where its length alone shows the
+        prompt cannot fit)."""
+        if not chunk:
+            return
+        ids = built.ids
+        start = len(ids)
+        if self._max_prompt:
+            room = self._max_prompt - start
+            at_least = self._codec.min_tokens(chunk, above=room)
+            if at_least > room:
+                raise PromptTooLong(start + at_least, self._max_prompt)
+        self._codec.encode_into(chunk, self.cache if self._memos else None, ids)
+        if len(ids) > start:
+            built.rendered.append(Span(start, len(ids)))
 
     # --- committing ---------------------------------------------------------
 
@@ -1043,11 +672,6 @@ class Splicer:
         while len(self.heads) > self._max_heads:
             self.heads.popitem(last=False)
         return gen
-
-
-def turn_id_of(call_id: str, attempt: int) -> str:
-    """The id of the turn an attempt of a call generates: ``<call_id>/<attempt>``."""
-    return f"{call_id}/{attempt}"
 
 
 def _resent_arguments(tc: Any) -> Any:
