@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from openforge.common.v1.common_pb2 import SamplingParams
 from openforge_proxy.adapters.body_parser import ProcessBodyParser
 from openforge_proxy.adapters.inference import GrpcEngine
+from openforge_proxy.domain.admission import Admission
 from openforge_proxy.domain.handler import CallHandler
 from openforge_proxy.domain.offload import OFFLOAD_MIN_BYTES
 from openforge_proxy.domain.record import CallRecordData
@@ -146,15 +147,14 @@ class InProcessProxy:
                 self.runtime = ModelRuntime.load(await self.engine.model_info())
             return self.runtime
 
-        self.handler = CallHandler(
+        admission = Admission(
             self.sessions,
-            self.engine,
             runtime,
-            self.recorder,
             offload_min_bytes=self._offload_min_bytes,
             body_parser=self.body_parser,
             memos=self._memos,
         )
+        self.handler = CallHandler(self.sessions, self.engine, self.recorder, admission)
         self.http = HttpServer(
             self.handler,
             "127.0.0.1",

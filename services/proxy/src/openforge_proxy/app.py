@@ -16,6 +16,7 @@ from openforge_core.manifest import ServedModel
 from openforge_proxy.adapters.body_parser import ProcessBodyParser
 from openforge_proxy.adapters.inference import GrpcEngine
 from openforge_proxy.adapters.publisher import NatsRecorder
+from openforge_proxy.domain.admission import Admission
 from openforge_proxy.domain.handler import CallHandler
 from openforge_proxy.domain.runtime import ModelRuntime
 from openforge_proxy.domain.sessions import SessionRegistry
@@ -109,16 +110,16 @@ class ProxyApp:
         self.loader = ModelLoader(self.engine, settings)
         large = settings.large_body
         self.body_parser = ProcessBodyParser(large.min_bytes, large.timeout_s) if large.process else None
-        self.handler = CallHandler(
+        admission = Admission(
             self.sessions,
-            self.engine,
             self.loader,
-            NatsRecorder(self.events, structs=settings.record.structs),
             max_heads=settings.max_heads,
             default_max_tokens=settings.default_max_tokens,
             body_parser=self.body_parser,
             memos=settings.memos,
         )
+        recorder = NatsRecorder(self.events, structs=settings.record.structs)
+        self.handler = CallHandler(self.sessions, self.engine, recorder, admission)
         http = settings.http
         self.http = HttpServer(
             self.handler,

@@ -395,14 +395,33 @@ class Admission:
             request, tools, canonical_json, plan = await off_loop(_convert, wire, parsed, state, session, memos)
         else:
             request, tools, canonical_json, plan = _convert(wire, parsed, state, session, memos)
+        # nothing awaits from here to the admission (_count)
+        return self._count(session, state, request, tools[0], plan, runtime, canonical_json, body)
+
+    def _count(
+        self,
+        session: Session,
+        state: SessionCalls,
+        request: CanonicalRequest,
+        tools_key: str,
+        plan: PromptPlan,
+        runtime: ModelRuntime,
+        canonical_json: bytes,
+        body: bytes,
+    ) -> Prepared:
+        """The call's identity, the session's limits and the call's sampling, and the call
+        counted in its session. Nothing awaits here: the limits are checked against the counts as
+        they are now, calls in flight included, and the call is counted before any other can be.
+
+        Raises:
+            ApiError: The session ended, or a limit is reached.
+        """
         # The call's identity is the prompt the engine would see (and the tools): the same
         # conversation sent again renders to the same ids, whatever the harness changed that
         # the model does not see. Hashing the packed ids (~2 bytes a token) is cheaper than
         # serializing the conversation again.
-        call_key = state.call_key(tools[0], plan.prompt.packed)
+        call_key = state.call_key(tools_key, plan.prompt.packed)
         known = state.calls.get(call_key)
-        # From here to the admission nothing awaits: the limits are checked against the counts as
-        # they are now, calls in flight included, and the call is counted before any other can be.
         try:
             session = self._sessions.current(session)
         except OpenForgeError as exc:
@@ -420,17 +439,13 @@ class Admission:
             # a seed per call: the session's seed and the call's identity (its prompt and tools),
             # so each call of a rollout samples differently and the same call sent again the same
             sampling = replace(sampling, seed=derive_seed(sampling.seed, "call", call_key))
+        new_call = known is None
         if known is None:
             state.counter += 1
-            known = CallState(f"call{state.counter:04d}-{secrets.token_hex(3)}", 0)
-            state.calls[call_key] = known
-            new_call = True
-        else:
-            new_call = False
+            known = state.calls[call_key] = CallState(f"call{state.counter:04d}-{secrets.token_hex(3)}", 0)
         known.attempts += 1
         reserved = len(plan.prompt) + sampling.max_tokens
         session = self._sessions.admit(session, new_call=new_call, reserve_tokens=reserved)
-        call_class = state.lineages.classify(request)
         return Prepared(
             session,
             state,
@@ -443,7 +458,7 @@ class Admission:
             reserved,
             canonical_json,
             body,
-            call_class,
+            state.lineages.classify(request),
         )
 
     def _sampling(

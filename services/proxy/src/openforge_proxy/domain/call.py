@@ -9,7 +9,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 from openforge_core.record_delta import RecordCut
 from openforge_proxy.domain.call_roles import CallClass
@@ -82,6 +82,20 @@ def error_response(wire: WireApi, err: ApiError, request_id: str) -> tuple[int, 
     return err.status, dumps(body), headers
 
 
+class RecordIdentity(TypedDict):
+    """The fields every record of a call has, answered or failed."""
+
+    rollout_id: str
+    run_id: str
+    rollout_attempt: int
+    call_id: str
+    attempt: int
+    wire_api: WireApi
+    model: str
+    stream: bool
+    sampling: Sampling
+
+
 @dataclass
 class Prepared:
     """An admitted call: what admission (authenticate, convert, splice, limits, sampling) hands
@@ -106,6 +120,20 @@ class Prepared:
     def codec(self) -> WireCodec:
         """The codec of the request's API."""
         return CODECS[self.request.wire]
+
+    def identity(self) -> RecordIdentity:
+        """What identifies the call in its records (:class:`RecordIdentity`)."""
+        return RecordIdentity(
+            rollout_id=self.session.rollout_id,
+            run_id=self.session.run_id,
+            rollout_attempt=self.session.rollout_attempt,
+            call_id=self.call_id,
+            attempt=self.attempt,
+            wire_api=self.request.wire,
+            model=self.request.model,
+            stream=self.request.stream,
+            sampling=self.sampling,
+        )
 
 
 @dataclass(frozen=True)
@@ -153,12 +181,7 @@ class Call:
         p, gen, pre = self.p, self.gen, self.pre
         assert pre is not None
         return CallRecordData(
-            rollout_id=p.session.rollout_id,
-            run_id=p.session.run_id,
-            call_id=p.call_id,
-            attempt=p.attempt,
-            wire_api=p.request.wire,
-            model=p.request.model,
+            **p.identity(),
             request_json=pre.request_json,
             request_headers=scrub_headers(self.headers),
             canonical_json=pre.canonical_json,
@@ -166,18 +189,15 @@ class Call:
             completion_ids=gen.ids,
             logprobs=gen.logprobs,
             policy_versions=gen.versions,
-            sampling=p.sampling,
             finish=gen.out.finish,
             receive_time=self.receive_time,
             ttfb_s=self.ttfb,
             total_s=time.monotonic() - self.received,
             splice=p.plan.report,
             response_body=b"".join(self.sent),
-            stream=p.request.stream,
             extra={"turn_id": self.turn_id},
             cut=pre.cut,
             parts=pre.parts,
-            rollout_attempt=p.session.rollout_attempt,
             role=p.call_class.role,
             lineage_id=p.call_class.lineage_id,
         )

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Mapping
 import structlog
 
 from openforge_core.errors import OpenForgeError
-from openforge_proxy.domain.admission import DEFAULT_MAX_TOKENS, Admission, BodyParser, RuntimeGetter, api_key
+from openforge_proxy.domain.admission import Admission, api_key
 from openforge_proxy.domain.call import (
     Call,
     ClientGone,
@@ -40,7 +40,6 @@ from openforge_proxy.domain.call import (
 from openforge_proxy.domain.conversation import WireApi
 from openforge_proxy.domain.engine import Delta, Engine, EngineRejected, EngineUnavailable
 from openforge_proxy.domain.generation import Generation, first_of, until_finish
-from openforge_proxy.domain.offload import OFFLOAD_MIN_BYTES
 from openforge_proxy.domain.output import ApiError, AssistantOutput, ErrorKind, Finish, Usage
 from openforge_proxy.domain.protocols import dumps
 from openforge_proxy.domain.record import CallRecordData, Recorder, RecordTooLarge, failed_record
@@ -58,53 +57,21 @@ EV_AFTER_FINISH = "call.engine_after_finish"
 
 
 class CallHandler:
-    """Serves model calls for every session.
+    """Serves model calls for every session: admitted by ``admission``, then generated, answered,
+    recorded and delivered.
 
     Args:
         sessions: The session registry.
         engine: Token-in/token-out generation.
-        runtime: Returns the served model's runtime (loads it once; raises
-            :class:`EngineUnavailable` while inference is unreachable).
         recorder: Stores call records.
-        max_heads: Conversation views kept per session.
-        default_max_tokens: Completion cap when nothing else gives one.
-        offload_min_bytes: Bodies from this size (bytes) are parsed, rendered and tokenized in
-            a worker thread (one at a time per session, and only while none of the session's
-            calls is in flight); smaller ones on the event loop.
-        body_parser: Parses bodies from its ``min_bytes`` instead (None: none is). Such a
-            body is parsed whole and converted without the session's memos
-            (:mod:`.protocols.memo`): they would serialize its values again here, which holds
-            the interpreter as long as parsing it would; the result is the same.
-        memos: Reuse what a session's earlier calls computed (:class:`.admission.Admission`);
-            False: the reference path, every call computed whole.
+        admission: Admits calls and keeps each session's call state.
     """
 
-    def __init__(
-        self,
-        sessions: SessionRegistry,
-        engine: Engine,
-        runtime: RuntimeGetter,
-        recorder: Recorder,
-        *,
-        max_heads: int = 4,
-        default_max_tokens: int = DEFAULT_MAX_TOKENS,
-        offload_min_bytes: int = OFFLOAD_MIN_BYTES,
-        body_parser: BodyParser | None = None,
-        memos: bool = True,
-    ) -> None:
+    def __init__(self, sessions: SessionRegistry, engine: Engine, recorder: Recorder, admission: Admission) -> None:
         self._sessions = sessions
         self._engine = engine
-        self._runtime = runtime
         self._recorder = recorder
-        self._admission = Admission(
-            sessions,
-            runtime,
-            max_heads=max_heads,
-            default_max_tokens=default_max_tokens,
-            offload_min_bytes=offload_min_bytes,
-            body_parser=body_parser,
-            memos=memos,
-        )
+        self._admission = admission
         self._draining: set[asyncio.Future[None]] = set()
         sessions.on_end.append(self.forget)
 
@@ -439,15 +406,7 @@ class CallHandler:
         record that cannot be stored is logged (the harness's retry of the call, a new attempt with
         the same call id, closes the count then)."""
         record = failed_record(
-            rollout_id=p.session.rollout_id,
-            run_id=p.session.run_id,
-            rollout_attempt=p.session.rollout_attempt,
-            call_id=p.call_id,
-            attempt=p.attempt,
-            wire_api=p.request.wire,
-            model=p.request.model,
-            stream=p.request.stream,
-            sampling=p.sampling,
+            **p.identity(),
             request_headers=scrub_headers(headers),
             error=error,
             http_status=status,
