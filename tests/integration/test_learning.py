@@ -26,7 +26,7 @@ noise: the true-reward run must raise it, the learning-rate-0 run must leave it 
 the shuffled run must not raise it as the true run does.
 
 Needs ``bwrap`` (Debian ``bubblewrap``) and mini-swe-agent (``openforge harness install
-mini-swe-agent``); skips otherwise. About 12 minutes on two cores.
+mini-swe-agent``); skips otherwise. About 9 to 12 minutes on two cores.
 """
 
 from __future__ import annotations
@@ -55,10 +55,11 @@ DEMO = ROOT / "examples" / "demo" / "demo.yaml"
 HARNESS_DIR = Path(os.environ.get("OPENFORGE_TEST_HARNESS_DIR", ROOT / ".openforge" / "harnesses"))
 #: GRPO steps of the true-reward and shuffled runs. With the seeds derived as they are, p(saved)
 #: reads warm start 0.313, true 0.806, learning rate 0 0.313, shuffled 0.343, the same figures in
-#: every run. The shuffled run is the weak control: pairing removes the rollouts' noise, not its
-#: own (which rollout gets which reward). Under another derivation of the rollout and call seeds
-#: (keyed by task and attempt) it failed: true 0.744, shuffled 0.733 at two steps; 0.826 and
-#: 0.817 at three. A change that moves sampling draws this test anew.
+#: every run on one machine (another CPU's float rounding read shuffled 0.344). The shuffled run
+#: is the weak control: pairing removes the rollouts' noise, not its own (which rollout gets which
+#: reward). Under another derivation of the rollout and call seeds (keyed by task and attempt) it
+#: failed: true 0.744, shuffled 0.733 at two steps; 0.826 and 0.817 at three. A change that moves
+#: sampling draws this test anew.
 STEPS = 2
 #: Steps of the learning-rate-0 run: its weights never change, so one step (trained on the very
 #: rollouts of the true run's first step) shows it as well as more would.
