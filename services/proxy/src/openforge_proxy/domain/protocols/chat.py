@@ -94,6 +94,43 @@ def _tools(raw_tools: Any) -> list[Tool]:
     return out
 
 
+def _assistant(raw: dict[str, Any], i: int, content: str, extra: dict[str, Any], names: dict[str, str]) -> Message:
+    """An assistant message (``messages[i]``), its reasoning and tool calls; each call's name
+    goes into ``names`` (call id -> tool name) for the tool messages that answer it.
+
+    Raises:
+        InvalidArgument: Its ``tool_calls`` is not a list.
+    """
+    msg = Message(role="assistant", content=content, extra=extra)
+    reasoning = raw.get("reasoning_content", raw.get("reasoning"))
+    if isinstance(reasoning, str):
+        msg.reasoning = reasoning
+    raw_calls = raw.get("tool_calls")
+    if raw_calls is None:
+        raw_calls = []
+    elif not isinstance(raw_calls, list):
+        raise InvalidArgument.field(f"messages[{i}].tool_calls", "must be a list")
+    for tc in raw_calls:
+        if not isinstance(tc, dict):
+            continue
+        fn_raw = tc.get("function")
+        fn_obj: dict[str, Any] = fn_raw if isinstance(fn_raw, dict) else {}
+        call_id = str(tc.get("id", ""))
+        if tc.get("type") == "custom" and isinstance(tc.get("custom"), dict):
+            call = ToolCall(
+                id=call_id,
+                name=str(tc["custom"].get("name", "")),
+                arguments=tc["custom"].get("input", ""),
+                kind=ToolKind.CUSTOM,
+            )
+        else:
+            call = ToolCall(id=call_id, name=str(fn_obj.get("name", "")), arguments=_arguments(fn_obj.get("arguments")))
+        msg.tool_calls.append(call)
+        msg.refs.append(call_id)
+        names[call_id] = call.name
+    return msg
+
+
 def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> CanonicalRequest:
     """Maps a Chat Completions request body into the canonical conversation.
 
@@ -131,36 +168,7 @@ def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> Canonic
         elif role == "user":
             messages.append(Message(role="user", content=text_of(content), parts=non_text_parts(content), extra=extra))
         elif role == "assistant":
-            msg = Message(role="assistant", content=text_of(content), extra=extra)
-            reasoning = raw.get("reasoning_content", raw.get("reasoning"))
-            if isinstance(reasoning, str):
-                msg.reasoning = reasoning
-            raw_calls = raw.get("tool_calls")
-            if raw_calls is None:
-                raw_calls = []
-            elif not isinstance(raw_calls, list):
-                raise InvalidArgument.field(f"messages[{i}].tool_calls", "must be a list")
-            for tc in raw_calls:
-                if not isinstance(tc, dict):
-                    continue
-                fn_raw = tc.get("function")
-                fn_obj: dict[str, Any] = fn_raw if isinstance(fn_raw, dict) else {}
-                call_id = str(tc.get("id", ""))
-                if tc.get("type") == "custom" and isinstance(tc.get("custom"), dict):
-                    call = ToolCall(
-                        id=call_id,
-                        name=str(tc["custom"].get("name", "")),
-                        arguments=tc["custom"].get("input", ""),
-                        kind=ToolKind.CUSTOM,
-                    )
-                else:
-                    call = ToolCall(
-                        id=call_id, name=str(fn_obj.get("name", "")), arguments=_arguments(fn_obj.get("arguments"))
-                    )
-                msg.tool_calls.append(call)
-                msg.refs.append(call_id)
-                names[call_id] = call.name
-            messages.append(msg)
+            messages.append(_assistant(raw, i, text_of(content), extra, names))
         elif role in ("tool", "function"):
             call_id = str(raw.get("tool_call_id", ""))
             messages.append(

@@ -146,6 +146,116 @@ def _output_text(output: Any) -> str:
     return output if isinstance(output, str) else text_of(output)
 
 
+class _Items:
+    """Reads a Responses ``input`` item by item into canonical messages (:func:`parse`)."""
+
+    def __init__(self, tools: list[Tool], turn_of: Callable[[str], str | None] | None) -> None:
+        self.messages: list[Message] = []
+        self.tools = tools
+        self._turn_of = turn_of
+        self._names: dict[str, str] = {}  # call id -> tool name
+        self._current: Message | None = None  # the assistant message items are added to
+        self._current_turn: str | None = None  # the generated turn it is, when known
+
+    def read(self, raw: dict[str, Any], index: int) -> None:
+        """Adds one item. Other item types (web_search_call, compaction, item_reference...) are
+        recorded with the request but have no canonical rendering."""
+        kind = raw.get("type", "message")
+        if kind == "message":
+            self._message(raw)
+        elif kind == "reasoning":
+            self._reasoning(raw, index)
+        elif kind in ("function_call", "custom_tool_call"):
+            self._tool_call(raw, custom=kind == "custom_tool_call")
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            self._tool_output(raw)
+        elif kind == "additional_tools":
+            self.tools.extend(tools_of(raw.get("tools")))
+
+    def _assistant(self, refs: list[str]) -> Message:
+        """The assistant message an item with references ``refs`` belongs to: the current one,
+        unless ``turn_of`` says it is another generated turn."""
+        turn_of = self._turn_of
+        turn = next((t for t in (turn_of(r) for r in refs) if t), None) if turn_of else None
+        current = self._current
+        if current is None or (turn and self._current_turn and turn != self._current_turn):
+            current = self._current = Message(role="assistant")
+            self._current_turn = turn
+            self.messages.append(current)
+        elif turn and not self._current_turn:
+            self._current_turn = turn
+        return current
+
+    def _message(self, raw: dict[str, Any]) -> None:
+        role = raw.get("role")
+        content = raw.get("content")
+        item_id = raw.get("id")
+        if role == "assistant":
+            refs = [item_id] if isinstance(item_id, str) else []
+            msg = self._assistant(refs)
+            msg.content += text_of(content)  # text after a tool call in one turn stays in it
+            msg.refs.extend(refs)
+            return
+        self._current = None
+        extra = {k: v for k, v in raw.items() if k not in ("type", "role", "content", "id")}
+        self.messages.append(
+            Message(
+                role="system" if role in ("system", "developer") else "user",
+                content=text_of(content),
+                parts=non_text_parts(content),
+                extra=extra,
+            )
+        )
+
+    def _reasoning(self, raw: dict[str, Any], index: int) -> None:
+        refs = [r for r in (raw.get("id"), raw.get("encrypted_content")) if isinstance(r, str) and r]
+        current = self._current
+        if current is not None and (current.content or current.tool_calls):
+            self._current = None  # reasoning after content starts another turn
+        msg = self._assistant(refs)
+        summary = raw.get("summary")
+        if summary is None:
+            summary = []
+        elif not isinstance(summary, list):
+            raise InvalidArgument.field(f"input[{index}].summary", "must be a list")
+        text = "\n\n".join(text_of([p]) for p in summary if isinstance(p, dict))
+        msg.reasoning = (msg.reasoning + "\n\n" + text) if msg.reasoning else text
+        msg.refs.extend(refs)
+
+    def _tool_call(self, raw: dict[str, Any], *, custom: bool) -> None:
+        item_id = raw.get("id")
+        call_id = str(raw.get("call_id", ""))
+        refs = [r for r in (item_id, call_id) if isinstance(r, str) and r]
+        msg = self._assistant(refs)
+        name = str(raw.get("name", ""))
+        self._names[call_id] = name
+        msg.tool_calls.append(
+            ToolCall(
+                id=call_id,
+                name=name,
+                arguments=raw.get("input", "") if custom else _arguments(raw.get("arguments", "")),
+                kind=ToolKind.CUSTOM if custom else ToolKind.FUNCTION,
+                namespace=raw.get("namespace") if isinstance(raw.get("namespace"), str) else None,
+                item_id=item_id if isinstance(item_id, str) else None,
+            )
+        )
+        msg.refs.extend(refs)
+
+    def _tool_output(self, raw: dict[str, Any]) -> None:
+        self._current = None
+        call_id = str(raw.get("call_id", ""))
+        output = raw.get("output")
+        self.messages.append(
+            Message(
+                role="tool",
+                content=_output_text(output),
+                tool_call_id=call_id,
+                name=self._names.get(call_id),
+                parts=non_text_parts(output),
+            )
+        )
+
+
 def parse(body: dict[str, Any], turn_of: Callable[[str], str | None] | None = None) -> CanonicalRequest:
     """Maps a Responses request body into the canonical conversation.
 
@@ -179,101 +289,13 @@ def parse(body: dict[str, Any], turn_of: Callable[[str], str | None] | None = No
     else:
         raise InvalidArgument.field("input", "must be a string or a list of items")
     max_tokens = token_cap(body, "max_output_tokens")
-    messages: list[Message] = []
+    reader = _Items(tools_of(body.get("tools")), turn_of)
     if isinstance(body.get("instructions"), str) and body["instructions"]:
-        messages.append(Message(role="system", content=body["instructions"]))
-    tools = tools_of(body.get("tools"))
-    names: dict[str, str] = {}
-    current: Message | None = None
-    current_turn: str | None = None
-
-    def assistant(refs: list[str]) -> Message:
-        nonlocal current, current_turn
-        turn = next((t for t in (turn_of(r) for r in refs) if t), None) if turn_of else None
-        if current is None or (turn and current_turn and turn != current_turn):
-            current = Message(role="assistant")
-            current_turn = turn
-            messages.append(current)
-        elif turn and not current_turn:
-            current_turn = turn
-        return current
-
+        reader.messages.append(Message(role="system", content=body["instructions"]))
     for index, raw in enumerate(items):
-        if not isinstance(raw, dict):
-            continue
-        kind = raw.get("type", "message")
-        item_id = raw.get("id")
-        if kind == "message":
-            role = raw.get("role")
-            content = raw.get("content")
-            if role == "assistant":
-                refs = [item_id] if isinstance(item_id, str) else []
-                msg = assistant(refs)
-                if msg.tool_calls or (msg.content and msg.reasoning is None):
-                    # text after a tool call in one turn is rare; keep it in this message
-                    pass
-                msg.content += text_of(content)
-                msg.refs.extend(refs)
-            else:
-                current = None
-                canonical_role = "system" if role in ("system", "developer") else "user"
-                extra = {k: v for k, v in raw.items() if k not in ("type", "role", "content", "id")}
-                messages.append(
-                    Message(
-                        role=canonical_role,
-                        content=text_of(content),
-                        parts=non_text_parts(content),
-                        extra=extra,
-                    )
-                )
-        elif kind == "reasoning":
-            refs = [r for r in (item_id, raw.get("encrypted_content")) if isinstance(r, str) and r]
-            if current is not None and (current.content or current.tool_calls):
-                current = None
-            msg = assistant(refs)
-            summary = raw.get("summary")
-            if summary is None:
-                summary = []
-            elif not isinstance(summary, list):
-                raise InvalidArgument.field(f"input[{index}].summary", "must be a list")
-            text = "\n\n".join(text_of([p]) for p in summary if isinstance(p, dict))
-            msg.reasoning = (msg.reasoning + "\n\n" + text) if msg.reasoning else text
-            msg.refs.extend(refs)
-        elif kind in ("function_call", "custom_tool_call"):
-            call_id = str(raw.get("call_id", ""))
-            refs = [r for r in (item_id, call_id) if isinstance(r, str) and r]
-            msg = assistant(refs)
-            name = str(raw.get("name", ""))
-            names[call_id] = name
-            custom = kind == "custom_tool_call"
-            msg.tool_calls.append(
-                ToolCall(
-                    id=call_id,
-                    name=name,
-                    arguments=raw.get("input", "") if custom else _arguments(raw.get("arguments", "")),
-                    kind=ToolKind.CUSTOM if custom else ToolKind.FUNCTION,
-                    namespace=raw.get("namespace") if isinstance(raw.get("namespace"), str) else None,
-                    item_id=item_id if isinstance(item_id, str) else None,
-                )
-            )
-            msg.refs.extend(refs)
-        elif kind in ("function_call_output", "custom_tool_call_output"):
-            current = None
-            call_id = str(raw.get("call_id", ""))
-            output = raw.get("output")
-            messages.append(
-                Message(
-                    role="tool",
-                    content=_output_text(output),
-                    tool_call_id=call_id,
-                    name=names.get(call_id),
-                    parts=non_text_parts(output),
-                )
-            )
-        elif kind == "additional_tools":
-            tools.extend(tools_of(raw.get("tools")))
-        # other item types (web_search_call, compaction, item_reference...) are
-        # recorded with the request but have no canonical rendering
+        if isinstance(raw, dict):
+            reader.read(raw, index)
+    messages, tools = reader.messages, reader.tools
     for echoed in ("reasoning", "tool_choice"):  # in every response object: writable, or refused now
         if body.get(echoed) is not None:
             orjson.dumps(body[echoed])  # raises orjson.JSONEncodeError (too deep): the caller's 400
