@@ -228,3 +228,62 @@ async def test_a_body_whose_prompt_cannot_fit_comes_back_as_its_refusal_alone() 
             assert await parser.parse(raw, screen) == parse_object(raw)
     finally:
         parser.close()
+
+
+def _deep_cases() -> list[tuple[str, bytes]]:
+    """Bodies nested deep: an unknown field 300 levels deep on the user's message (parsed, not
+    written again), for the session's model and another, with a short and a too-long prompt; and a
+    tool call whose id nests 995 levels (past the interpreter's recursion limit when converted)
+    before a too-long prompt."""
+    ids = b"[" * 995 + b"]" * 995
+    out: list[tuple[str, bytes]] = []
+    bodies: tuple[tuple[str, dict[str, Any]], ...]
+    for model in ("m", "other"):
+        for text in ("hi", _LONG):
+            user: dict[str, Any] = {"role": "user", "content": text, "x": _DEEP}
+            bodies = (
+                (MESSAGES, {"model": model, "max_tokens": 20, "messages": [user]}),
+                (CHAT, {"model": model, "messages": [user]}),
+                (RESPONSES, {"model": model, "input": [{"type": "message", **user}]}),
+            )
+            out += [(path, orjson.dumps(body).replace(b'"DEEP-SCHEMA"', _DEEP_JSON)) for path, body in bodies]
+    user = {"role": "user", "content": _LONG}
+    call = {"type": "tool_use", "id": "IDS", "name": "f", "input": {}}
+    calls = [{"id": "IDS", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    bodies = (
+        (MESSAGES, {"model": "m", "max_tokens": 20, "messages": [user, {"role": "assistant", "content": [call]}]}),
+        (CHAT, {"model": "m", "messages": [user, {"role": "assistant", "tool_calls": calls}]}),
+        (RESPONSES, {"model": "m", "input": [user, {"type": "function_call", "call_id": "IDS", "name": "f"}]}),
+    )
+    return out + [(path, orjson.dumps(body).replace(b'"IDS"', ids)) for path, body in bodies]
+
+
+@pytest.mark.parametrize("path", [MESSAGES, CHAT, RESPONSES])
+async def test_deep_bodies_are_refused_alike_by_every_path(model_dir: Path, start_proxy: Any, path: str) -> None:
+    """Refused in the same order with the parser process or without, with the session's memos or
+    without: the memos write each message as they read it (a part nested too deep is found there
+    first), and the parser's process has a higher recursion limit; neither may change an answer."""
+
+    def fake() -> ScriptedInferenceServer:
+        return ScriptedInferenceServer(model_dir, default=lambda prompt: "OK.")
+
+    proxies = [
+        await start_proxy(fake()),  # the reference path (memos on)
+        await start_proxy(fake(), body_parser_min_bytes=0),  # every body in the parser's process
+        await start_proxy(fake(), memos=False),  # every call computed whole
+    ]
+    answers = []
+    for proxy in proxies:
+        key = proxy.session(model_name="m")
+        first = _cases()[{MESSAGES: 0, CHAT: 11, RESPONSES: 22}[path]]
+        assert (await proxy.post(*first, key=key, bearer=path != MESSAGES)).status == 200  # the model is loaded
+        answers.append(
+            [
+                _comparable(await proxy.post(p, raw, key=key, bearer=p != MESSAGES))
+                for p, raw in _deep_cases()
+                if p == path
+            ]
+        )
+    assert answers[0] == answers[1] == answers[2], answers
+    statuses = [status for status, _ in answers[0]]
+    assert statuses == [400, 400, 404, 404, 400], statuses  # never a 500

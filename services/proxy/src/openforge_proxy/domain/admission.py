@@ -84,9 +84,10 @@ def _check_model(session: Session, model: str) -> None:
         )
 
 
-def _too_deep(exc: orjson.JSONEncodeError) -> ApiError:
+def _too_deep(exc: orjson.JSONEncodeError | RecursionError) -> ApiError:
     """A request whose JSON parses (orjson reads 1024 levels) but cannot be written again for its
-    record (orjson writes at most 254 levels): refused as such, never half served."""
+    record (orjson writes at most 254 levels), or converted (a value nested past the interpreter's
+    recursion limit): refused as such, never half served."""
     return ApiError(
         ErrorKind.INVALID_REQUEST, f"the request cannot be recorded ({exc}): JSON nested over 254 levels deep"
     )
@@ -129,11 +130,20 @@ def _convert(
     Raises:
         ApiError: The request is invalid, names another model, or cannot be rendered or fit.
     """
+    codec = CODECS[wire]
     try:
-        request = CODECS[wire].parse(parsed, state.parse_context(wire, memos=memos))
+        try:
+            request = codec.parse(parsed, state.parse_context(wire, memos=memos))
+        except orjson.JSONEncodeError:
+            if not memos:
+                raise
+            # the memos write each new message as they read it, so a part nested too deep is
+            # found there first; without them (the reference path) the model and the prompt's
+            # length are checked before the record is written: parsed as there
+            request = codec.parse(parsed, state.parse_context(wire, memos=False))
     except InvalidArgument as exc:
         raise ApiError(ErrorKind.INVALID_REQUEST, exc.message) from exc
-    except orjson.JSONEncodeError as exc:
+    except (orjson.JSONEncodeError, RecursionError) as exc:
         raise _too_deep(exc) from exc
     _check_model(session, request.model)
     try:

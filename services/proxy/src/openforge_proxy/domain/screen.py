@@ -65,9 +65,18 @@ class TooLong:
         return PromptTooLong(self.at_least, self.maximum)
 
 
+#: Deepest nesting of a body the screen decides on. A deeper one (writing it for the record fails
+#: past 254 levels; converting it may pass the interpreter's recursion limit, which differs
+#: between this process and the proxy's) is left to the proxy, as the reference path serves it.
+MAX_DEPTH = 200
+
+
 def screen(parsed: dict[str, Any], call: Screen) -> TooLong | None:
     """:class:`TooLong` where the reference path converts ``parsed`` and refuses it as too long
-    (:func:`~openforge_proxy.domain.splice_plan.check_fits`), else None (an invalid body included)."""
+    (:func:`~openforge_proxy.domain.splice_plan.check_fits`), else None (an invalid body, or one
+    nested deeper than :data:`MAX_DEPTH`, included)."""
+    if _deeper(parsed, MAX_DEPTH):
+        return None
     try:
         # as a large body is converted: no memos; a Responses item's turn (what the session knows
         # of earlier responses) only groups assistant items, whose text check_fits does not count
@@ -80,3 +89,17 @@ def screen(parsed: dict[str, Any], call: Screen) -> TooLong | None:
     except PromptTooLong as exc:
         return TooLong(request.model, exc.at_least, exc.maximum)
     return None
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests lists and objects more than ``limit`` levels deep."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
