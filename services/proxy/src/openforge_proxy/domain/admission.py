@@ -77,6 +77,12 @@ def api_key(headers: Mapping[str, str]) -> str:
     return ""
 
 
+def _max_prompt(runtime: ModelRuntime) -> int:
+    """The most tokens a prompt may have (0: no limit): the context less one for the answer. The
+    splicer refuses past it, and the body parser's screen is given the same number."""
+    return max(runtime.info.context_length - 1, 0)
+
+
 def _check_model(session: Session, model: str) -> None:
     if session.model_name and model != session.model_name:
         raise ApiError(
@@ -295,9 +301,9 @@ class Admission:
         """What the body parser screens a large body of ``wire`` with: the loaded model's limits
         (None before a model is loaded, or where its tokenizer has no plain bound)."""
         runtime = self._loaded
-        if runtime is None or not runtime.info.context_length or not runtime.codec.plain_floor_piece:
+        if runtime is None or not _max_prompt(runtime) or not runtime.codec.plain_floor_piece:
             return None
-        return Screen(wire, max(runtime.info.context_length - 1, 0), runtime.codec.plain_floor_piece)
+        return Screen(wire, _max_prompt(runtime), runtime.codec.plain_floor_piece)
 
     async def _load_runtime(self) -> ModelRuntime:
         try:
@@ -320,7 +326,7 @@ class Admission:
                     sorted(runtime.eos_ids),
                     max_heads=self._max_heads,
                     template_kwargs=runtime.template_kwargs,
-                    max_prompt_tokens=max(runtime.info.context_length - 1, 0),
+                    max_prompt_tokens=_max_prompt(runtime),
                     memos=self._memos,
                 ),
                 bodies,

@@ -267,6 +267,8 @@ class TokenizerCodec:
         self.shared = SharedChunks()
         self._token_bytes: dict[int, bytes] = {}
         self._max_piece: int | None = None
+        normalizer = tokenizer.normalizer  # read once: each read builds a new wrapper object
+        self._normalize = normalizer.normalize_str if normalizer is not None else None
 
     @classmethod
     def from_dir(cls, model_dir: Path, split_marker: str = "") -> TokenizerCodec:
@@ -304,15 +306,13 @@ class TokenizerCodec:
             text: The text.
             above: As :func:`text_floor`'s.
         """
-        normalizer = self._tok.normalizer
-        normalize = normalizer.normalize_str if normalizer is not None else None
-        return text_floor(text, self._longest_piece(), above, normalize)
+        return text_floor(text, self._longest_piece(), above, self._normalize)
 
     @property
     def plain_floor_piece(self) -> int:
         """The longest piece (UTF-8 bytes) where :func:`text_floor` needs nothing else of this
         tokenizer to bound a text (it has no normalizer), else 0."""
-        return self._longest_piece() if self._tok.normalizer is None else 0
+        return self._longest_piece() if self._normalize is None else 0
 
     def _longest_piece(self) -> int:
         if self._max_piece is None:
