@@ -12,6 +12,12 @@ from typing import Final
 
 __all__ = [
     "CONTENT_MACRO",
+    "DEEPSEEK_V31_BOS_TOKEN",
+    "DEEPSEEK_V31_END_TOKENS",
+    "DEEPSEEK_V31_EOS_TOKEN",
+    "DEEPSEEK_V31_PAD_TOKEN",
+    "DEEPSEEK_V31_SPECIAL_TOKENS",
+    "DEEPSEEK_V31_TEMPLATE",
     "GLM45_END_TOKENS",
     "GLM45_EOS_TOKEN",
     "GLM45_PAD_TOKEN",
@@ -427,3 +433,96 @@ MISTRAL_EOS_TOKEN: Final = "</s>"
 MISTRAL_PAD_TOKEN: Final = "<pad>"
 #: Every token that ends an assistant turn: ``</s>``.
 MISTRAL_END_TOKENS: Final[tuple[str, ...]] = ("</s>",)
+
+#: DeepSeek-V3.1's special tokens as the tokenizers built here carry them, ids 0.. in this order
+#: (the spellings of DeepSeek-V3.1's tokenizer: ``｜`` is U+FF5C, ``▁`` U+2581; a real one holds
+#: them at ids 0..2 and 128798 and up).
+DEEPSEEK_V31_SPECIAL_TOKENS: Final[tuple[str, ...]] = (
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜▁pad▁｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<think>",
+    "</think>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>",
+)
+
+#: DeepSeek-V3.1-style template, written from the format's description (DeepSeek-V3.1's model
+#: card, "Chat Template" and "ToolCall"; not a copy of DeepSeek's template): the BOS token, then
+#: every system message's text (joined by a blank line) and, with tools, their definitions and the
+#: call syntax; a user message ``<｜User｜>TEXT``; an assistant turn right after a user message
+#: opened by ``<｜Assistant｜></think>`` (past reasoning is never rendered), right after tool
+#: results opened by nothing; its text, then its calls
+#: ``<｜tool▁calls▁begin｜>`` + ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜>``
+#: per call + ``<｜tool▁calls▁end｜>``, ended with ``<｜end▁of▁sentence｜>``; a tool result
+#: ``<｜tool▁output▁begin｜>TEXT<｜tool▁output▁end｜>``. The generation prompt, after a user
+#: message only, is ``<｜Assistant｜></think>``, or ``<｜Assistant｜><think>`` with ``thinking``
+#: true; after tool results the model writes right away.
+DEEPSEEK_V31_TEMPLATE: Final = (
+    CONTENT_MACRO
+    + """\
+{%- set ns = namespace(system='', last='') %}
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{%- set ns.system = ns.system + ('\\n\\n' if ns.system else '') + render_content(message.content) %}
+{%- endif %}
+{%- endfor %}
+{%- if tools %}
+{%- set ns.system = ns.system + ('\\n\\n' if ns.system else '') + '## Tools\\nYou have access to the following tools:\\n' %}
+{%- for tool in tools %}
+{%- set ns.system = ns.system + (tool | tojson) + '\\n' %}
+{%- endfor %}
+{%- set ns.system = ns.system + 'Call a tool as <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGUMENTS' %}
+{%- set ns.system = ns.system + '<｜tool▁call▁end｜><｜tool▁calls▁end｜>, where NAME is one of the tools above ' %}
+{%- set ns.system = ns.system + 'and ARGUMENTS a JSON object that follows its parameters; chain several calls ' %}
+{%- set ns.system = ns.system + 'inside one <｜tool▁calls▁begin｜> with nothing between them.\\n' %}
+{%- endif %}
+{{- bos_token }}
+{{- ns.system }}
+{%- for message in messages %}
+{%- if message.role == 'user' %}
+{{- '<｜User｜>' + render_content(message.content) }}
+{%- elif message.role == 'assistant' %}
+{%- if ns.last == 'user' %}
+{{- '<｜Assistant｜></think>' }}
+{%- endif %}
+{{- render_content(message.content) }}
+{%- if message.tool_calls is defined and message.tool_calls %}
+{{- '<｜tool▁calls▁begin｜>' }}
+{%- for tool_call in message.tool_calls %}
+{%- set call = tool_call.function if tool_call.function is defined else tool_call %}
+{{- '<｜tool▁call▁begin｜>' + call.name + '<｜tool▁sep｜>' }}
+{%- if call.arguments is string %}{{- call.arguments }}{%- else %}{{- call.arguments | tojson }}{%- endif %}
+{{- '<｜tool▁call▁end｜>' }}
+{%- endfor %}
+{{- '<｜tool▁calls▁end｜>' }}
+{%- endif %}
+{{- '<｜end▁of▁sentence｜>' }}
+{%- elif message.role == 'tool' %}
+{{- '<｜tool▁output▁begin｜>' + render_content(message.content) + '<｜tool▁output▁end｜>' }}
+{%- endif %}
+{%- if message.role != 'system' %}
+{%- set ns.last = message.role %}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt and ns.last == 'user' %}
+{{- '<｜Assistant｜>' + ('<think>' if thinking is defined and thinking else '</think>') }}
+{%- endif %}
+"""
+)
+
+#: The tokenizer's ``bos_token``; the template writes it first.
+DEEPSEEK_V31_BOS_TOKEN: Final = "<｜begin▁of▁sentence｜>"
+#: The tokenizer's ``eos_token``: the end of an assistant turn.
+DEEPSEEK_V31_EOS_TOKEN: Final = "<｜end▁of▁sentence｜>"
+#: The tokenizer's ``pad_token``.
+DEEPSEEK_V31_PAD_TOKEN: Final = "<｜▁pad▁｜>"
+#: Every token that ends an assistant turn: ``<｜end▁of▁sentence｜>``.
+DEEPSEEK_V31_END_TOKENS: Final[tuple[str, ...]] = ("<｜end▁of▁sentence｜>",)

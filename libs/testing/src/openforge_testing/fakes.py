@@ -18,7 +18,11 @@
   framing, ``<tool_call>NAME<arg_key>..</arg_key><arg_value>..</arg_value></tool_call>``)
   over a tokenizer carrying GLM-4.5's special tokens; a fifth, ``mistral``, a Mistral
   v11-style one (``[INST]...[/INST]``, ``</s>``, ``[TOOL_CALLS]NAME[ARGS]{...}``,
-  ``[TOOL_RESULTS]...[/TOOL_RESULTS]``) over a tokenizer carrying Mistral's control tokens.
+  ``[TOOL_RESULTS]...[/TOOL_RESULTS]``) over a tokenizer carrying Mistral's control tokens; a
+  sixth, ``deepseek_v31``, a DeepSeek-V3.1-style one (``<｜User｜>``, ``<｜Assistant｜></think>``,
+  ``<｜tool▁calls▁begin｜>`` blocks of ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>``,
+  ``<｜tool▁output▁begin｜>...<｜tool▁output▁end｜>``) over a tokenizer carrying DeepSeek-V3.1's
+  special tokens.
   There are no weights: nothing can load it as a model.
 * :class:`ScriptedInferenceServer` is a fake ``openforge.inference.v1.InferenceService``
   on a real ``grpc.aio`` server: ``Generate`` tokenizes the next scripted
@@ -88,12 +92,17 @@ GLM45_TEMPLATE = chat_formats.GLM45_TEMPLATE
 MISTRAL_SPECIAL_TOKENS = chat_formats.MISTRAL_SPECIAL_TOKENS
 MISTRAL_TEMPLATE = chat_formats.MISTRAL_TEMPLATE
 
+#: DeepSeek-V3.1's special tokens and the DeepSeek-V3.1-style template, from :mod:`openforge_core.chat_formats`.
+DEEPSEEK_V31_SPECIAL_TOKENS = chat_formats.DEEPSEEK_V31_SPECIAL_TOKENS
+DEEPSEEK_V31_TEMPLATE = chat_formats.DEEPSEEK_V31_TEMPLATE
+
 TEMPLATES = {
     "hermes": HERMES_TEMPLATE,
     "qwen3": QWEN3_TEMPLATE,
     "llama3": LLAMA3_TEMPLATE,
     "glm45": GLM45_TEMPLATE,
     "mistral": MISTRAL_TEMPLATE,
+    "deepseek_v31": DEEPSEEK_V31_TEMPLATE,
 }
 
 
@@ -140,6 +149,14 @@ _MISTRAL_CORPUS = (
     "[TOOL_RESULTS]hello-from-harness[/TOOL_RESULTS]",
 ) * 30
 
+_DEEPSEEK_V31_CORPUS = (
+    '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>exec<｜tool▁sep｜>{"command": "echo hello-from-harness > hello.txt"}'
+    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    '<｜tool▁call▁begin｜>read_file<｜tool▁sep｜>{"path": "hello.txt"}<｜tool▁call▁end｜>',
+    "<｜tool▁output▁begin｜>hello-from-harness<｜tool▁output▁end｜>",
+    "## Tools\nYou have access to the following tools:\n",
+) * 30
+
 #: Template name → what its fake tokenizer carries.
 TOKENIZER_SPECS: dict[str, FakeTokenizerSpec] = {
     "hermes": _HERMES_SPEC,
@@ -167,6 +184,14 @@ TOKENIZER_SPECS: dict[str, FakeTokenizerSpec] = {
         chat_formats.MISTRAL_PAD_TOKEN,
         "mistral",
         _MISTRAL_CORPUS,
+    ),
+    "deepseek_v31": FakeTokenizerSpec(
+        DEEPSEEK_V31_SPECIAL_TOKENS,
+        chat_formats.DEEPSEEK_V31_BOS_TOKEN,
+        chat_formats.DEEPSEEK_V31_EOS_TOKEN,
+        chat_formats.DEEPSEEK_V31_PAD_TOKEN,
+        "deepseek_v3",
+        _DEEPSEEK_V31_CORPUS,
     ),
 }
 
@@ -248,8 +273,8 @@ def build_fake_model_dir(
 
     Args:
         out_dir: Directory to write (created).
-        template: ``hermes``, ``qwen3``, ``llama3``, ``glm45`` or ``mistral`` (see the module docstring); the
-            tokenizer carries that family's special tokens (:data:`TOKENIZER_SPECS`).
+        template: ``hermes``, ``qwen3``, ``llama3``, ``glm45``, ``mistral`` or ``deepseek_v31`` (see the
+            module docstring); the tokenizer carries that family's special tokens (:data:`TOKENIZER_SPECS`).
         context_length: ``max_position_embeddings`` written to ``config.json``.
         vocab_size: Target vocabulary size of the fake tokenizer.
         corpus: Extra tokenizer training texts (see :func:`build_fake_tokenizer`).

@@ -1,6 +1,7 @@
 """Model families: detection from the chat template, the served model of a Llama 3, a
-GLM-4.5 and a Mistral template (stop ids, manifest parsers), and the Llama 3, GLM-4.5 and
-Mistral parsers' rules on readable examples (the differential tests against vLLM cover them at scale)."""
+GLM-4.5, a Mistral and a DeepSeek-V3.1 template (stop ids, manifest parsers), and the Llama 3,
+GLM-4.5, Mistral and DeepSeek-V3.1 parsers' rules on readable examples (the differential tests
+against vLLM cover them at scale)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,15 @@ from typing import Any
 
 import pytest
 
-from openforge_core.chat_formats import GLM45_SPECIAL_TOKENS, LLAMA3_SPECIAL_TOKENS, MISTRAL_SPECIAL_TOKENS
+from openforge_core.chat_formats import (
+    DEEPSEEK_V31_SPECIAL_TOKENS,
+    GLM45_SPECIAL_TOKENS,
+    LLAMA3_SPECIAL_TOKENS,
+    MISTRAL_SPECIAL_TOKENS,
+)
 from openforge_proxy.domain.engine import ModelInfo
 from openforge_proxy.domain.families import (
+    DeepSeekV31Family,
     Event,
     Family,
     Glm45Family,
@@ -60,6 +67,7 @@ def test_the_family_is_detected_from_the_template() -> None:
         "llama3": "llama3",
         "glm45": "glm45",
         "mistral": "mistral",
+        "deepseek_v31": "deepseek_v31",
     }
 
 
@@ -272,3 +280,88 @@ def test_mistral_calls_follow_text_and_each_other() -> None:
 )
 def test_mistral_a_call_that_is_not_valid_is_text(text: str) -> None:
     assert _summary(_parse(MistralFamily(), text)) == (text, [])
+
+
+def test_the_fake_deepseek_v31_model_dir_serves_as_a_deepseek_v31_model(tmp_path: Path) -> None:
+    model = build_fake_model_dir(tmp_path / "deepseek", template="deepseek_v31")
+    source = (model / "chat_template.jinja").read_text()
+    info = ModelInfo(
+        model_path=str(model),
+        model_name="m",
+        chat_template=source,
+        chat_template_hash="sha256:" + hashlib.sha256(source.encode()).hexdigest(),
+        tokenizer_hash="sha256:" + hashlib.sha256((model / "tokenizer.json").read_bytes()).hexdigest(),
+        eos_token_ids=(json.loads((model / "config.json").read_text())["eos_token_id"],),
+        context_length=8192,
+    )
+    rt = ModelRuntime.load(info)
+    assert isinstance(rt.family, DeepSeekV31Family)
+    assert {rt.codec.decode([i]) for i in rt.eos_ids} == {"<｜end▁of▁sentence｜>"}
+    assert rt.generation_prompt == "<｜Assistant｜></think>"
+    assert rt.served.parsers == ("family:deepseek_v31", "tool_call:deepseek_v31", "reasoning:deepseek_v3")
+    call = {"type": "function", "function": {"name": "exec", "arguments": {"command": "ls", "n": 2}}}
+    tool = {"type": "function", "function": {"name": "exec", "parameters": {"type": "object"}}}
+    text = rt.template.render(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Sure.", "tool_calls": [call, call]},
+            {"role": "tool", "content": "ok"},
+            {"role": "tool", "content": "ok"},
+            {"role": "assistant", "content": "Done.", "reasoning_content": "never rendered"},
+            {"role": "user", "content": "more"},
+        ],
+        [tool],
+        add_generation_prompt=True,
+    )
+    assert text.startswith("<｜begin▁of▁sentence｜>Be brief.\n\n## Tools\n")
+    one = '<｜tool▁call▁begin｜>exec<｜tool▁sep｜>{"command": "ls", "n": 2}<｜tool▁call▁end｜>'
+    assert text.endswith(
+        f"<｜User｜>hi<｜Assistant｜></think>Sure.<｜tool▁calls▁begin｜>{one}{one}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
+        "<｜tool▁output▁begin｜>ok<｜tool▁output▁end｜><｜tool▁output▁begin｜>ok<｜tool▁output▁end｜>"
+        "Done.<｜end▁of▁sentence｜><｜User｜>more<｜Assistant｜></think>"
+    )
+    # after tool results the model writes right away: no generation prompt
+    after_tool = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    after_tool.append({"role": "tool", "content": "ok"})
+    assert rt.template.render(after_tool, add_generation_prompt=True).endswith("<｜tool▁output▁end｜>")
+    thinking = rt.template.render([{"role": "user", "content": "hi"}], add_generation_prompt=True, thinking=True)
+    assert thinking.endswith("<｜User｜>hi<｜Assistant｜><think>")
+    assert None not in [rt.codec.token_id(m) for m in DEEPSEEK_V31_SPECIAL_TOKENS]  # each marker is one special token
+
+
+def _deepseek(text: str, generation_prompt: str = "<｜Assistant｜></think>") -> tuple[str, str, list[tuple[str, str]]]:
+    parser = DeepSeekV31Family().parser(generation_prompt)
+    events = [ev for ch in text for ev in parser.feed(ch)] + parser.finish()
+    reasoning = "".join(ev.text for ev in events if ev.kind == "reasoning")
+    return (reasoning, *_summary(events))
+
+
+_DS_ONE = '<｜tool▁call▁begin｜>a<｜tool▁sep｜>{"x": {"y": "}"}}<｜tool▁call▁end｜>'
+_DS_TWO = "<｜tool▁call▁begin｜>b<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+
+
+def test_deepseek_v31_calls_in_one_block_after_text_and_reasoning() -> None:
+    text = f"Let me look.<｜tool▁calls▁begin｜>{_DS_ONE}\n{_DS_TWO}<｜tool▁calls▁end｜>"
+    calls = [("a", '{"x": {"y": "}"}}'), ("b", "{}")]
+    assert _deepseek(text) == ("", "Let me look.", calls)
+    # reasoning only where the generation prompt opened it
+    assert _deepseek("plan</think>" + text, "<｜Assistant｜><think>") == ("plan", "Let me look.", calls)
+    assert _deepseek("<think>plan</think>ok") == ("", "<think>plan</think>ok", [])
+    # the text after the block is kept
+    assert _deepseek(f"<｜tool▁calls▁begin｜>{_DS_TWO}<｜tool▁calls▁end｜> Then.") == ("", "Then.", [("b", "{}")])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜><｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",  # no name
+        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a<｜tool▁sep｜>["x"]<｜tool▁call▁end｜><｜tool▁calls▁end｜>',  # not an object
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",  # no separator
+        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a<｜tool▁sep｜>{"x": 1',  # never closed
+        "<｜tool▁calls▁begin｜>a call<｜tool▁calls▁end｜>",  # not a call inside the block
+        "<｜tool▁calls▁begin｜>",  # a block left open
+    ],
+)
+def test_deepseek_v31_what_is_not_a_call_is_text_as_written(text: str) -> None:
+    assert _deepseek(text) == ("", text, [])

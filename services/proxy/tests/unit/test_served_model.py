@@ -70,6 +70,7 @@ def test_a_template_of_no_known_family_is_refused_naming_what_it_lacks(info: Mod
     assert "llama3 needs <|start_header_id|>, <|end_header_id|>, <|eot_id|>, tool_calls" in err.value.message
     assert "glm45 needs <|user|>, <|assistant|>, <|observation|>, <tool_call>, <arg_key>" in err.value.message
     assert "mistral needs [INST]" in err.value.message
+    assert "deepseek_v31 needs <｜User｜>, <｜Assistant｜>, <｜tool▁calls▁begin｜>" in err.value.message
     with pytest.raises(FailedPrecondition, match="unknown model family 'gpt-oss'"):
         ModelRuntime.load(info, family="gpt-oss")
 

@@ -197,6 +197,7 @@ def test_templates_whose_iterations_are_not_local_are_rendered_whole(name: str) 
 
 def test_qwen3_which_scans_the_messages_first_is_rendered_whole() -> None:
     assert not ChatTemplate(TEMPLATES["qwen3"]).incremental
+    assert not ChatTemplate(TEMPLATES["deepseek_v31"]).incremental  # it gathers the system messages first
 
 
 def test_messages_holding_mark_characters_render_as_the_original_template(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,6 +30,12 @@ parser the :class:`StreamParser` protocol. Families live in a registry
   ``[SYSTEM_PROMPT]``, ``[AVAILABLE_TOOLS]``, ``[TOOL_RESULTS]...[/TOOL_RESULTS]``, an
   assistant turn ended by ``</s>``) with calls written ``[TOOL_CALLS]NAME[ARGS]{...}``; the
   calls as vLLM's ``mistral`` tool parser reads them with a v11 tokenizer; no reasoning.
+* ``deepseek_v31``: DeepSeek-V3.1 framing (``<｜User｜>``, ``<｜Assistant｜></think>`` after a
+  user message, ``<｜tool▁output▁begin｜>...<｜tool▁output▁end｜>``, a turn ended by
+  ``<｜end▁of▁sentence｜>``) with calls written
+  ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>``
+  and reasoning only where the generation prompt opened it (``thinking``); the calls as vLLM's
+  ``deepseek_v31`` tool parser reads them, the reasoning as its ``deepseek_v3`` reasoning parser does.
 """
 
 from __future__ import annotations
@@ -981,12 +987,224 @@ class MistralFamily:
         return MistralParser(self)
 
 
+class DeepSeekV31Parser:
+    """Streaming parser of DeepSeek-V3.1 reasoning, text and tool-call blocks (a :class:`StreamParser`).
+
+    Reasoning is read only where the generation prompt opened it (``<｜Assistant｜><think>``),
+    up to ``</think>``, as vLLM's ``deepseek_v3`` reasoning parser does with ``thinking``; then
+    text up to ``<｜tool▁calls▁begin｜>``. Inside the block, each
+    ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGUMENTS<｜tool▁call▁end｜>`` is a call when its
+    arguments parse as a JSON object and its name is not empty (vLLM's ``deepseek_v31`` parser
+    passes any arguments on as written); whitespace between calls is skipped, and
+    ``<｜tool▁calls▁end｜>`` closes the block. What is not a call (such a call, one cut before
+    its end, anything else inside the block) is passed on as text as the model wrote it, and so
+    is the text after the block (vLLM drops it).
+
+    Args:
+        family: The markers.
+        in_reasoning: The generation prompt opened a reasoning block.
+    """
+
+    def __init__(self, family: DeepSeekV31Family, in_reasoning: bool = False) -> None:
+        self._f = family
+        self._buf = ""
+        self._mode = "reasoning" if in_reasoning else "text"  # -> text -> calls <-> call -> text
+        self._opened = False  # in the block, no call emitted yet: its opening marker not passed on
+        self._calls = 0  # calls emitted in the block
+        self._text = _TextOut()
+        self._steps: dict[str, Callable[[bool, list[Event]], bool]] = {
+            "reasoning": self._read_reasoning,
+            "text": self._read_text,
+            "calls": self._read_block,
+            "call": self._read_call,
+        }
+
+    @property
+    def in_reasoning(self) -> bool:
+        """Whether the text being parsed is reasoning."""
+        return self._mode == "reasoning"
+
+    def feed(self, text: str) -> list[Event]:
+        """Parses a text delta."""
+        self._buf += text
+        return self._drain(final=False)
+
+    def finish(self) -> list[Event]:
+        """Flushes what is left at the end of generation (an unfinished call becomes text)."""
+        out = self._drain(final=True)
+        if self._mode == "reasoning" and self._buf:
+            out.append(Event("reasoning", self._buf))
+        elif self._mode == "call":
+            out.extend(self._text(self._opening() + self._f.call_begin + self._buf))
+        else:  # text held back, or a block left open
+            out.extend(self._text(self._opening() + self._buf))
+        self._buf = ""
+        self._mode = "text"
+        self._text.pending = ""
+        return out
+
+    def _opening(self) -> str:
+        """The block's opening marker, when what is passed on as text is the block's first item."""
+        opened, self._opened = self._opened, False
+        return self._f.calls_begin if opened else ""
+
+    def _drain(self, final: bool) -> list[Event]:
+        out: list[Event] = []
+        while self._steps[self._mode](final, out):
+            pass
+        return out
+
+    def _read_reasoning(self, final: bool, out: list[Event]) -> bool:
+        at = self._buf.find(self._f.reasoning_close)
+        if at >= 0:
+            if at:
+                out.append(Event("reasoning", self._buf[:at]))
+            self._buf = self._buf[at + len(self._f.reasoning_close) :]
+            self._mode = "text"
+            return True
+        keep = 0 if final else _partial_suffix(self._buf, (self._f.reasoning_close,))
+        if len(self._buf) > keep:
+            out.append(Event("reasoning", self._buf[: len(self._buf) - keep]))
+            self._buf = self._buf[len(self._buf) - keep :]
+        return False
+
+    def _read_text(self, final: bool, out: list[Event]) -> bool:
+        f = self._f
+        at = self._buf.find(f.calls_begin)
+        if at >= 0:
+            out.extend(self._text(self._buf[:at]))
+            self._text.pending = ""
+            self._buf = self._buf[at + len(f.calls_begin) :]
+            self._mode, self._opened, self._calls = "calls", True, 0
+            return True
+        keep = 0 if final else _partial_suffix(self._buf, (f.calls_begin,))
+        out.extend(self._text(self._buf[: len(self._buf) - keep]))
+        self._buf = self._buf[len(self._buf) - keep :]
+        return False
+
+    def _read_block(self, final: bool, out: list[Event]) -> bool:
+        f = self._f
+        lead = self._buf.lstrip()
+        if lead.startswith(f.call_begin):
+            self._buf = lead[len(f.call_begin) :]
+            self._mode = "call"
+            return True
+        if lead.startswith(f.calls_end):
+            if not self._calls:  # a block with no call: passed on as written
+                out.extend(self._text(self._opening() + self._buf[: len(self._buf) - len(lead)] + f.calls_end))
+            self._buf = lead[len(f.calls_end) :]
+            self._mode = "text"
+            return True
+        if not lead or (not final and (f.call_begin.startswith(lead) or f.calls_end.startswith(lead))):
+            return False
+        out.extend(self._text(self._opening()))  # not a call: the rest is text
+        self._mode = "text"
+        return True
+
+    def _read_call(self, final: bool, out: list[Event]) -> bool:
+        f = self._f
+        at = self._buf.find(f.call_end)
+        if at < 0:
+            return False
+        body = self._buf[:at]
+        self._buf = self._buf[at + len(f.call_end) :]
+        self._mode = "calls"
+        name, sep, args = body.partition(f.tool_sep)
+        call = _json_object_call(name.strip(), args.strip()) if sep else None
+        if call is None:
+            out.extend(self._text(self._opening() + f.call_begin + body + f.call_end))
+        else:
+            self._opened = False
+            self._calls += 1
+            out.append(Event("tool", call=call))
+        return True
+
+
+def _json_object_call(name: str, body: str) -> ParsedCall | None:
+    """A call when ``name`` is not empty and ``body`` parses as a JSON object, else None."""
+    if not name:
+        return None
+    try:
+        args = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return ParsedCall(name, args, body) if isinstance(args, dict) else None
+
+
+@dataclass(frozen=True)
+class DeepSeekV31Family:
+    """DeepSeek-V3.1 framing with ``<｜tool▁calls▁begin｜>`` call blocks (a :class:`Family`).
+
+    The template opens an assistant turn with ``<｜Assistant｜></think>`` only right after a user
+    message, and with nothing after tool results (the model writes right after
+    ``<｜tool▁output▁end｜>``), so the assistant header is empty: a spliced turn goes exactly where
+    the template writes the assistant's text, after whatever opened it. Past reasoning is never
+    rendered (DeepSeek-V3.1's rule); a spliced turn keeps what was sampled.
+
+    Attributes:
+        name: Registry name.
+        message_start: Token that starts the messages prompts are cut at (a user message).
+        assistant_header: Empty: what opens an assistant turn depends on the message before it.
+        end_of_turn: Token that ends an assistant turn.
+        end_tokens: Tokens the model ends a turn with.
+        assistant: Token that opens an assistant turn after a user message.
+        reasoning_open: Opens reasoning (in the generation prompt, with ``thinking``).
+        reasoning_close: Closes reasoning.
+        calls_begin: Opens a turn's block of calls.
+        calls_end: Closes it.
+        call_begin: Opens one call.
+        call_end: Closes one call.
+        tool_sep: Between a call's name and its arguments.
+        output_begin: Opens a tool result.
+        tool_call_parser: Name of the parser of its tool calls (vLLM's ``deepseek_v31`` rules).
+        reasoning_parser: Name of the parser of its reasoning (vLLM's ``deepseek_v3`` rules).
+    """
+
+    name: str = "deepseek_v31"
+    message_start: str = "<｜User｜>"
+    assistant_header: str = ""
+    end_of_turn: str = "<｜end▁of▁sentence｜>"
+    end_tokens: tuple[str, ...] = ("<｜end▁of▁sentence｜>",)
+    assistant: str = "<｜Assistant｜>"
+    reasoning_open: str = "<think>"
+    reasoning_close: str = "</think>"
+    calls_begin: str = "<｜tool▁calls▁begin｜>"
+    calls_end: str = "<｜tool▁calls▁end｜>"
+    call_begin: str = "<｜tool▁call▁begin｜>"
+    call_end: str = "<｜tool▁call▁end｜>"
+    tool_sep: str = "<｜tool▁sep｜>"
+    output_begin: str = "<｜tool▁output▁begin｜>"
+    tool_call_parser: str = "deepseek_v31"
+    reasoning_parser: str = "deepseek_v3"
+
+    @property
+    def parsers(self) -> tuple[str, ...]:
+        """``family:deepseek_v31``, ``tool_call:deepseek_v31``, ``reasoning:deepseek_v3``."""
+        return (f"family:{self.name}", f"tool_call:{self.tool_call_parser}", f"reasoning:{self.reasoning_parser}")
+
+    def missing(self, template: str) -> list[str]:
+        """The markers of this family that ``template`` lacks: its framing tokens and those of its calls."""
+        markers = (self.message_start, self.assistant, self.calls_begin, self.call_begin, self.tool_sep, self.output_begin)
+        return [m for m in markers if m not in template]
+
+    def matches(self, template: str) -> bool:
+        """Whether a chat template is of this family."""
+        return not self.missing(template)
+
+    def parser(self, generation_prompt: str, tools: Sequence[ToolSchema] = ()) -> DeepSeekV31Parser:
+        """A parser for one completion that follows ``generation_prompt`` (reasoning when it
+        opened ``<think>``; the arguments are JSON: ``tools`` are not needed)."""
+        opened = generation_prompt.rfind(self.reasoning_open)
+        return DeepSeekV31Parser(self, opened >= 0 and generation_prompt.find(self.reasoning_close, opened) < 0)
+
+
 #: Registry: family name → constructor (``auto`` tries them in this order).
 FAMILIES: dict[str, Callable[[], Family]] = {
     "hermes": HermesFamily,
     "llama3": Llama3Family,
     "glm45": Glm45Family,
     "mistral": MistralFamily,
+    "deepseek_v31": DeepSeekV31Family,
 }
 
 
