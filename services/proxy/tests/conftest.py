@@ -119,8 +119,10 @@ class InProcessProxy:
         offload_min_bytes: int = OFFLOAD_MIN_BYTES,
         body_parser_min_bytes: int | None = None,
         memos: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.fake = fake
+        self._template_kwargs = template_kwargs
         self.sessions = SessionRegistry(3600, 1000)
         self.recorder = ListRecorder()
         self._max_body = max_body_bytes
@@ -144,7 +146,7 @@ class InProcessProxy:
         async def runtime() -> ModelRuntime:
             if self.runtime is None:
                 assert self.engine is not None
-                self.runtime = ModelRuntime.load(await self.engine.model_info())
+                self.runtime = ModelRuntime.load(await self.engine.model_info(), template_kwargs=self._template_kwargs)
             return self.runtime
 
         admission = Admission(

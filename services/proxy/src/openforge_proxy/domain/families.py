@@ -129,6 +129,12 @@ class Family(Protocol):
         ...
 
     @property
+    def bare_turn_after(self) -> tuple[str, ...]:
+        """Tokens right after which the template opens an assistant turn with nothing (not with
+        :attr:`assistant_header`): the model writes right after them. Empty for most families."""
+        ...
+
+    @property
     def end_of_turn(self) -> str:
         """Token the template writes after an assistant turn (a spliced turn that ended
         with one of :attr:`end_tokens` stands in for the template's copy)."""
@@ -350,6 +356,7 @@ class HermesFamily:
         name: Registry name.
         message_start: Token that starts every message.
         assistant_header: Text that opens an assistant turn.
+        bare_turn_after: Empty: every assistant turn opens with the header.
         end_of_turn: Token that ends a turn.
         end_tokens: Tokens the model ends a turn with.
         reasoning_open: Opens reasoning.
@@ -363,6 +370,7 @@ class HermesFamily:
     name: str = "hermes"
     message_start: str = "<|im_start|>"
     assistant_header: str = "<|im_start|>assistant\n"
+    bare_turn_after: tuple[str, ...] = ()
     end_of_turn: str = "<|im_end|>"
     end_tokens: tuple[str, ...] = ("<|im_end|>",)
     reasoning_open: str = "<think>"
@@ -635,6 +643,7 @@ class Llama3Family:
         name: Registry name.
         message_start: Token that starts every message.
         assistant_header: Text that opens an assistant turn.
+        bare_turn_after: Empty: every assistant turn opens with the header.
         end_of_turn: Token that ends a turn (the template writes it after each message).
         end_tokens: Tokens the model ends a turn with: ``<|eot_id|>``, and ``<|eom_id|>``
             after a call that expects a result (Llama 3.1's built-in tools).
@@ -647,6 +656,7 @@ class Llama3Family:
     name: str = "llama3"
     message_start: str = "<|start_header_id|>"
     assistant_header: str = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    bare_turn_after: tuple[str, ...] = ()
     end_of_turn: str = "<|eot_id|>"
     end_tokens: tuple[str, ...] = ("<|eot_id|>", "<|eom_id|>")
     header_end: str = "<|end_header_id|>"
@@ -715,6 +725,7 @@ class Glm45Family:
         name: Registry name.
         message_start: Token that starts the messages prompts are cut at (an assistant turn).
         assistant_header: Text that opens an assistant turn.
+        bare_turn_after: Empty: every assistant turn opens with the header.
         end_of_turn: Empty: the template writes no end-of-turn token.
         end_tokens: Tokens the model ends a turn with: ``<|user|>``, ``<|observation|>``
             (waiting for tool results) and ``<|endoftext|>``.
@@ -732,6 +743,7 @@ class Glm45Family:
     name: str = "glm45"
     message_start: str = "<|assistant|>"
     assistant_header: str = "<|assistant|>"
+    bare_turn_after: tuple[str, ...] = ()
     end_of_turn: str = ""
     end_tokens: tuple[str, ...] = ("<|user|>", "<|observation|>", "<|endoftext|>")
     user_start: str = "<|user|>"
@@ -945,6 +957,7 @@ class MistralFamily:
         name: Registry name.
         message_start: Token that starts the messages prompts are cut at (a user message).
         assistant_header: Empty: nothing opens an assistant turn.
+        bare_turn_after: Empty: every assistant turn opens with the header.
         end_of_turn: Token that ends an assistant turn.
         end_tokens: Tokens the model ends a turn with.
         inst_end: Token that ends a user message.
@@ -958,6 +971,7 @@ class MistralFamily:
     name: str = "mistral"
     message_start: str = "[INST]"
     assistant_header: str = ""
+    bare_turn_after: tuple[str, ...] = ()
     end_of_turn: str = "</s>"
     end_tokens: tuple[str, ...] = ("</s>",)
     inst_end: str = "[/INST]"
@@ -1135,16 +1149,19 @@ def _json_object_call(name: str, body: str) -> ParsedCall | None:
 class DeepSeekV31Family:
     """DeepSeek-V3.1 framing with ``<｜tool▁calls▁begin｜>`` call blocks (a :class:`Family`).
 
-    The template opens an assistant turn with ``<｜Assistant｜></think>`` only right after a user
-    message, and with nothing after tool results (the model writes right after
-    ``<｜tool▁output▁end｜>``), so the assistant header is empty: a spliced turn goes exactly where
-    the template writes the assistant's text, after whatever opened it. Past reasoning is never
-    rendered (DeepSeek-V3.1's rule); a spliced turn keeps what was sampled.
+    The template opens an assistant turn with ``<｜Assistant｜>`` right after a user message,
+    then ``</think>`` (``<think>`` in the generation prompt with ``thinking``), and with nothing
+    after tool results (the model writes right after ``<｜tool▁output▁end｜>``). A turn sampled
+    after a user message is spliced after ``<｜Assistant｜>`` as the ``</think>`` or ``<think>``
+    it followed plus its sampled ids; one sampled after tool results right after them. Past
+    reasoning is never rendered (DeepSeek-V3.1's rule: a history turn is ``</think>`` and its
+    text), so the splice is what keeps a thinking turn's prompt an extension of what the model saw.
 
     Attributes:
         name: Registry name.
         message_start: Token that starts the messages prompts are cut at (a user message).
-        assistant_header: Empty: what opens an assistant turn depends on the message before it.
+        assistant_header: Token that opens an assistant turn after a user message.
+        bare_turn_after: Token after which an assistant turn opens with nothing (tool results).
         end_of_turn: Token that ends an assistant turn.
         end_tokens: Tokens the model ends a turn with.
         assistant: Token that opens an assistant turn after a user message.
@@ -1162,7 +1179,8 @@ class DeepSeekV31Family:
 
     name: str = "deepseek_v31"
     message_start: str = "<｜User｜>"
-    assistant_header: str = ""
+    assistant_header: str = "<｜Assistant｜>"
+    bare_turn_after: tuple[str, ...] = ("<｜tool▁output▁end｜>",)
     end_of_turn: str = "<｜end▁of▁sentence｜>"
     end_tokens: tuple[str, ...] = ("<｜end▁of▁sentence｜>",)
     assistant: str = "<｜Assistant｜>"

@@ -30,7 +30,8 @@ class Generation:
         self._eos = rt.eos_ids | set(p.sampling.stop_token_ids)
         self._codec = rt.codec
         self._decoder = rt.codec.decoder()
-        self._parser = rt.family.parser(rt.generation_prompt, p.request.tools)
+        # the text the model writes after: none where the template opened the turn with nothing
+        self._parser = rt.family.parser(rt.generation_prompt if p.plan.opened else "", p.request.tools)
         self.out = AssistantOutput()
         if p.request.logprobs:
             self.out.token_logprobs = []

@@ -198,6 +198,8 @@ class Splicer:
         else:
             self._prefill = generation_prompt[len(header) :]
         self._prefill_ids = codec.packed(codec.encode(self._prefill) if self._prefill else [])
+        self._no_prefill = codec.packed([])
+        self._generation_prompt = generation_prompt
         self.cache = ChunkCache(max_cache_chars)
         self.turns: dict[str, GeneratedTurn] = {}
         self._refs: dict[str, str] = {}
@@ -351,7 +353,7 @@ class Splicer:
         matched = self._match_all(messages)
         report = SpliceReport()
         view, turns, head, kept = self._reconcile(messages, matched, tools_key, report)
-        prompt, reused, rendered = self._render(view, turns, tool_dicts)
+        prompt, reused, rendered, opened = self._render(view, turns, tool_dicts)
         report.reused, report.rendered = reused, rendered
         cached = 0
         if head is not None and report.break_cause is BreakCause.NONE:
@@ -368,7 +370,8 @@ class Splicer:
                 )
         if retry_of:
             report.retry(retry_of)
-        return PromptPlan(prompt, self._prefill_ids, view, turns, tools_key, report, cached, kept)
+        prefill = self._prefill_ids if opened else self._no_prefill
+        return PromptPlan(prompt, prefill, view, turns, tools_key, report, cached, kept, opened)
 
     def _match_all(self, messages: list[Message]) -> list[str | None]:
         """The generated turn of each message (:meth:`match` in order: each assistant message
@@ -476,10 +479,12 @@ class Splicer:
 
     def _render(
         self, view: list[Message], turns: list[str | None], tool_dicts: list[dict[str, Any]]
-    ) -> tuple[PackedIds, list[Span], list[Span]]:
+    ) -> tuple[PackedIds, list[Span], list[Span], bool]:
         """The conversation rendered with placeholders, then built into ids: text encoded, each
         placeholder's turn spliced in as its sampled ids (resumed from the previous render
-        where its text and turns are the same: :class:`~.splice_memo.RenderMemo`)."""
+        where its text and turns are the same: :class:`~.splice_memo.RenderMemo`), and whether
+        it ends with the generation prompt (not when the template opens the next turn with
+        nothing: :attr:`~.families.Family.bare_turn_after`)."""
         text, order = self._template_text(view, turns, tool_dicts)
         order_ids = [g.turn_id for g in order]
         built = self._resumed(text, order_ids) or _Built()
@@ -497,7 +502,7 @@ class Splicer:
         self._memo = RenderMemo(
             order_ids, built.marks, prompt, built.reused, built.rendered, text, self._loop_cache.renders
         )
-        return prompt, list(built.reused), list(built.rendered)
+        return prompt, list(built.reused), list(built.rendered), text.endswith(self._generation_prompt)
 
     def _template_text(
         self, view: list[Message], turns: list[str | None], tool_dicts: list[dict[str, Any]]
@@ -553,15 +558,18 @@ class Splicer:
 
     def _splice_turn(self, text: str, k: int, gen: GeneratedTurn, built: _Built) -> None:
         """Encodes the text before the ``k``-th placeholder's turn (to the end of its assistant
-        header), then adds its sampled ids in place of the turn's text (through its end-of-turn
+        header, or of a :attr:`~.families.Family.bare_turn_after` token right before it), then adds its sampled ids in place of the turn's text (through its end-of-turn
         token, when it ended with one)."""
         header = self._fam.assistant_header
         sentinel = _SENTINEL.format(k)
         at = text.find(sentinel, built.pos)
-        h = text.rfind(header, built.pos, at) if at >= 0 else -1
-        if h < 0:
-            raise ValueError(f"the chat template does not frame assistant turns with {header!r}")
-        start = h + len(header)
+        if at >= 0 and any(text.startswith(m, at - len(m)) for m in self._fam.bare_turn_after):
+            start = at  # a turn the template opens with nothing
+        else:
+            h = text.rfind(header, built.pos, at) if at >= 0 else -1
+            if h < 0:
+                raise ValueError(f"the chat template does not frame assistant turns with {header!r}")
+            start = h + len(header)
         end = at + len(sentinel)
         if gen.ends_turn:
             eot = self._fam.end_of_turn

@@ -83,13 +83,17 @@ class PromptPlan:
 
     Attributes:
         prompt: The prompt the engine will see (ids and packed encoding).
-        prefill_ids: The ids after the last assistant header (part of the generation prompt).
+        prefill_ids: The ids after the last assistant header (part of the generation prompt;
+            empty when the prompt does not end with the generation prompt).
         messages: The conversation rendered (the model's view).
         turns: Parallel to ``messages``: generated turn ids.
         tools_key: Identity of the rendered tools.
         report: The splice report.
         cached_tokens: Leading prompt ids equal to the anchor call's prompt + completion.
         kept: Positions in ``messages`` the proxy kept although the harness no longer sends them.
+        opened: Whether the prompt ends with the template's generation prompt (not where the
+            template opens the next turn with nothing: the model writes right after the last
+            message, e.g. DeepSeek-V3.1 after tool results).
     """
 
     prompt: PackedIds
@@ -100,6 +104,7 @@ class PromptPlan:
     report: SpliceReport
     cached_tokens: int = 0
     kept: frozenset[int] = frozenset()
+    opened: bool = True
 
     @property
     def prompt_ids(self) -> list[int]:
