@@ -43,6 +43,8 @@ def test_unknown_family_is_refused_before_building(started: list[list[str]], tmp
     result = CliRunner().invoke(main, ["model", "init-tiny", "--out", str(tmp_path), "--family", "gpt-oss"])
 
     assert result.exit_code == 2
-    refusal = "Invalid value for '--family': 'gpt-oss' is not one of 'qwen', 'llama3', 'glm45', 'mistral'."
+    refusal = (
+        "Invalid value for '--family': 'gpt-oss' is not one of 'qwen', 'llama3', 'glm45', 'mistral', 'deepseek_v31'."
+    )
     assert refusal in result.output
     assert started == []

@@ -10,7 +10,7 @@ import click
 
 #: The families ``openforge_inference.tiny_model`` builds (a library cannot import a service, so
 #: they are named here; a test checks the two lists agree).
-TINY_FAMILIES = ("qwen", "llama3", "glm45", "mistral")
+TINY_FAMILIES = ("qwen", "llama3", "glm45", "mistral", "deepseek_v31")
 #: The tiny model sizes (the inference service's ``tiny_model.SIZES``).
 TINY_SIZES = ("1m", "10m", "50m", "300m")
 
@@ -38,7 +38,9 @@ def model() -> None:
     help="qwen: Qwen2 architecture, Qwen/Hermes chat template; llama3: Llama architecture, "
     "Llama 3's special tokens, Llama 3.1-style chat template; glm45: Glm4Moe (mixture-of-experts) "
     "architecture, GLM-4.5's special tokens, GLM-4.5-style chat template; mistral: Mistral "
-    "architecture, Mistral's control tokens, Mistral v11-style chat template.",
+    "architecture, Mistral's control tokens, Mistral v11-style chat template; deepseek_v31: DeepseekV3 "
+    "(latent attention, mixture-of-experts) architecture, DeepSeek-V3.1's special tokens, "
+    "DeepSeek-V3.1-style chat template.",
 )
 def init_tiny(size: str, out_dir: Path, seed: int, family: str) -> None:
     """Build a random-init model and a locally trained tokenizer in OUT.
@@ -51,6 +53,8 @@ def init_tiny(size: str, out_dir: Path, seed: int, family: str) -> None:
     Glm4MoeForCausalLM with GLM-4.5's special tokens (<|user|>, <|assistant|>, <|observation|>,
     <arg_key>, <arg_value>...) and a GLM-4.5-style template; mistral is a MistralForCausalLM
     with Mistral's control tokens ([INST], [TOOL_CALLS], [ARGS]...) and a Mistral v11-style
+    template; deepseek_v31 is a DeepseekV3ForCausalLM with DeepSeek-V3.1's special tokens
+    (<｜User｜>, <｜Assistant｜>, <｜tool▁calls▁begin｜>, <｜tool▁sep｜>...) and a DeepSeek-V3.1-style
     template. Needs the inference stack
     (requirements/inference-cpu.txt).
     """

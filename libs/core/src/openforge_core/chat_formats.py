@@ -475,11 +475,13 @@ DEEPSEEK_V31_TEMPLATE: Final = (
 {%- endif %}
 {%- endfor %}
 {%- if tools %}
-{%- set ns.system = ns.system + ('\\n\\n' if ns.system else '') + '## Tools\\nYou have access to the following tools:\\n' %}
+{%- set ns.system = ns.system + ('\\n\\n' if ns.system else '') %}
+{%- set ns.system = ns.system + '## Tools\\nYou have access to the following tools:\\n' %}
 {%- for tool in tools %}
 {%- set ns.system = ns.system + (tool | tojson) + '\\n' %}
 {%- endfor %}
-{%- set ns.system = ns.system + 'Call a tool as <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGUMENTS' %}
+{%- set ns.system = ns.system + 'Call a tool as <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME' %}
+{%- set ns.system = ns.system + '<｜tool▁sep｜>ARGUMENTS' %}
 {%- set ns.system = ns.system + '<｜tool▁call▁end｜><｜tool▁calls▁end｜>, where NAME is one of the tools above ' %}
 {%- set ns.system = ns.system + 'and ARGUMENTS a JSON object that follows its parameters; chain several calls ' %}
 {%- set ns.system = ns.system + 'inside one <｜tool▁calls▁begin｜> with nothing between them.\\n' %}

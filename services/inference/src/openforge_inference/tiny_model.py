@@ -1,4 +1,4 @@
-"""Build a tiny random-init model with a locally trained tokenizer, in one of four families.
+"""Build a tiny random-init model with a locally trained tokenizer, in one of five families.
 
 * ``qwen`` (the default): Qwen2 architecture, a Qwen/Hermes chat template (``<|im_start|>``,
   ``<tool_call>``, ``<think>``).
@@ -11,10 +11,16 @@
 * ``mistral``: Mistral's architecture (``MistralForCausalLM``), a tokenizer carrying Mistral's
   control tokens (``[INST]``, ``[TOOL_CALLS]``, ``[ARGS]``...) and the Mistral v11-style
   template of :mod:`openforge_core.chat_formats`.
+* ``deepseek_v31``: DeepSeek-V3's architecture (``DeepseekV3ForCausalLM``: multi-head latent
+  attention with low-rank query and key-value projections, a dense first layer, then
+  mixture-of-experts layers with grouped routing and a shared expert), a tokenizer carrying
+  DeepSeek-V3.1's special tokens and the DeepSeek-V3.1-style template of
+  :mod:`openforge_core.chat_formats`.
 
 No model hub is ever contacted: the tokenizer is a byte-level BPE trained with ``tokenizers`` on a
 small corpus built into this module (chat, tool-use and code text, expanded deterministically
-from a seed; the llama3, glm45 and mistral families add their call formats), the weights are random, and everything is
+from a seed; the llama3, glm45, mistral and deepseek_v31 families add their call formats), the weights are
+random, and everything is
 written with ``save_pretrained`` in HF safetensors format so that ``AutoModelForCausalLM.from_pretrained``,
 ``AutoTokenizer.from_pretrained`` (including ``apply_chat_template`` with tools) and vLLM all
 load the directory like any real checkpoint.
@@ -24,7 +30,7 @@ fill is padded with ``<|reserved_N|>`` special tokens, so that every id a random
 decodes (real Qwen checkpoints pad the embedding instead, which a trained model never samples
 from; a random one does). The llama3 family's padding tokens are ``<|reserved_special_token_N|>``.
 
-Run as ``python -m openforge_inference.tiny_model --size 10m [--family llama3|glm45|mistral] --out DIR``.
+Run as ``python -m openforge_inference.tiny_model --size 10m [--family llama3|glm45|mistral|deepseek_v31] --out DIR``.
 """
 
 from __future__ import annotations
@@ -40,6 +46,12 @@ from typing import Any, Final, Literal
 import structlog
 
 from openforge_core.chat_formats import (
+    DEEPSEEK_V31_BOS_TOKEN,
+    DEEPSEEK_V31_END_TOKENS,
+    DEEPSEEK_V31_EOS_TOKEN,
+    DEEPSEEK_V31_PAD_TOKEN,
+    DEEPSEEK_V31_SPECIAL_TOKENS,
+    DEEPSEEK_V31_TEMPLATE,
     GLM45_END_TOKENS,
     GLM45_EOS_TOKEN,
     GLM45_PAD_TOKEN,
@@ -334,8 +346,8 @@ class TinyFamily:
 
     Attributes:
         architecture: transformers' architecture: ``qwen2`` (``Qwen2ForCausalLM``), ``llama``
-            (``LlamaForCausalLM``), ``glm4_moe`` (``Glm4MoeForCausalLM``) or ``mistral``
-            (``MistralForCausalLM``).
+            (``LlamaForCausalLM``), ``glm4_moe`` (``Glm4MoeForCausalLM``), ``mistral``
+            (``MistralForCausalLM``) or ``deepseek_v3`` (``DeepseekV3ForCausalLM``).
         special_tokens: Special tokens, ids 0.. in this order.
         chat_template: The Jinja chat template written next to the tokenizer.
         split_pattern: Pre-tokenization regex of the byte-level BPE.
@@ -354,7 +366,7 @@ class TinyFamily:
             models), or a matrix of its own (GLM-4.5's).
     """
 
-    architecture: Literal["qwen2", "llama", "glm4_moe", "mistral"]
+    architecture: Literal["qwen2", "llama", "glm4_moe", "mistral", "deepseek_v3"]
     special_tokens: tuple[str, ...]
     chat_template: str
     split_pattern: str
@@ -420,6 +432,22 @@ def _mistral_corpus() -> tuple[str, ...]:
             for _ in range(rng.randint(1, 2))
         )
         docs.append(calls)
+    return tuple(docs)
+
+
+def _deepseek_v31_corpus() -> tuple[str, ...]:
+    """DeepSeek-V3.1 framing and call blocks (``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}``),
+    built deterministically from the tool names and words of the base corpus."""
+    rng = random.Random(31)
+    docs = ["## Tools\nYou have access to the following tools:\n", '{"type": "function", "function": {"name": "'] * 20
+    for _ in range(1000):
+        calls = "".join(
+            f"<｜tool▁call▁begin｜>{rng.choice(_NAMES)}<｜tool▁sep｜>"
+            + json.dumps({rng.choice(_WORDS): rng.choice(_WORDS)})
+            + "<｜tool▁call▁end｜>"
+            for _ in range(rng.randint(1, 2))
+        )
+        docs.append(f"<｜tool▁calls▁begin｜>{calls}<｜tool▁calls▁end｜>")
     return tuple(docs)
 
 
@@ -497,6 +525,28 @@ FAMILIES: Final[dict[str, TinyFamily]] = {
         # Mistral Small 3.x's RoPE: theta 1e9, no scaling; an output layer of its own
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000_000.0},
         corpus=_mistral_corpus(),
+        tie_word_embeddings=False,
+    ),
+    "deepseek_v31": TinyFamily(
+        architecture="deepseek_v3",
+        special_tokens=DEEPSEEK_V31_SPECIAL_TOKENS,
+        chat_template=DEEPSEEK_V31_TEMPLATE,
+        split_pattern=_SPLIT_PATTERN,
+        reserved_token="<｜place▁holder▁no▁{}｜>",
+        bos_token=DEEPSEEK_V31_BOS_TOKEN,
+        eos_token=DEEPSEEK_V31_EOS_TOKEN,
+        pad_token=DEEPSEEK_V31_PAD_TOKEN,
+        extra_special_tokens=tuple(
+            t
+            for t in DEEPSEEK_V31_SPECIAL_TOKENS
+            if t not in (DEEPSEEK_V31_BOS_TOKEN, DEEPSEEK_V31_EOS_TOKEN, DEEPSEEK_V31_PAD_TOKEN)
+        ),
+        end_tokens=DEEPSEEK_V31_END_TOKENS,
+        config_eos_all=False,
+        # DeepSeek-V3's RoPE on the rotary part of each head (theta 10k; its YaRN extension to
+        # 128k is left out at this size); an output layer of its own
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+        corpus=_deepseek_v31_corpus(),
         tie_word_embeddings=False,
     ),
 }
@@ -582,8 +632,9 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, famil
         seed: Seed for the weights (``torch.manual_seed``) and the tokenizer corpus.
         family: One of ``FAMILIES``: ``qwen`` (Qwen2, Hermes/Qwen template), ``llama3``
             (Llama, Llama 3.1-style template and special tokens), ``glm45`` (Glm4Moe,
-            GLM-4.5-style template and special tokens) or ``mistral`` (Mistral, Mistral
-            v11-style template and control tokens).
+            GLM-4.5-style template and special tokens), ``mistral`` (Mistral, Mistral
+            v11-style template and control tokens) or ``deepseek_v31`` (DeepseekV3,
+            DeepSeek-V3.1-style template and special tokens).
 
     Returns:
         The output directory.
@@ -598,6 +649,8 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, famil
     spec, fam = SIZES[size], FAMILIES[family]
     import torch
     from transformers import (
+        DeepseekV3Config,
+        DeepseekV3ForCausalLM,
         GenerationConfig,
         Glm4MoeConfig,
         Glm4MoeForCausalLM,
@@ -637,6 +690,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, famil
         "llama": (LlamaConfig, LlamaForCausalLM),
         "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
         "mistral": (MistralConfig, MistralForCausalLM),
+        "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM),
     }
     config_class, model_class = classes[fam.architecture]
     extra: dict[str, Any] = {}
@@ -653,13 +707,45 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, famil
             "moe_intermediate_size": spec.intermediate_size // 4,
             "num_mtp_layers": 0,
         }
+    elif fam.architecture == "deepseek_v3":
+        # DeepSeek-V3's shape at this size: latent attention (query rank half the hidden size;
+        # DeepSeek-V3's own key-value latent of 512 and 64-wide rotary part: vLLM's CPU MLA
+        # kernel takes only that 576-wide cache entry), a dense first
+        # layer, then 4 routed experts in 2 groups (2 per token from 1 group) and a shared one,
+        # each a quarter of the dense MLP; no multi-token-prediction layer
+        head = spec.hidden_size // spec.num_attention_heads
+        extra = {
+            "q_lora_rank": spec.hidden_size // 2,
+            "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": head // 2,
+            "v_head_dim": head // 2,
+            "first_k_dense_replace": 1,
+            "n_routed_experts": 4,
+            "n_group": 2,
+            "topk_group": 1,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": spec.intermediate_size // 4,
+            "num_mtp_layers": 0,
+            # written out as DeepSeek-V3's config does: sigmoid routing scores with a learned
+            # bias for choosing experts (transformers' rule; vLLM reads both keys)
+            "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid",
+            # latent attention has as many key-value heads as query heads (DeepSeek-V3's config
+            # says so; transformers' attention repeats keys by the ratio otherwise)
+            "num_key_value_heads": spec.num_attention_heads,
+        }
     config = config_class(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
+        **{
+            "vocab_size": spec.vocab_size,
+            "hidden_size": spec.hidden_size,
+            "intermediate_size": spec.intermediate_size,
+            "num_hidden_layers": spec.num_hidden_layers,
+            "num_attention_heads": spec.num_attention_heads,
+            "num_key_value_heads": spec.num_key_value_heads,
+            **extra,
+        },
         max_position_embeddings=spec.max_position_embeddings,
         rope_parameters=dict(fam.rope_parameters),
         tie_word_embeddings=fam.tie_word_embeddings,
@@ -667,7 +753,6 @@ def build_tiny_model(out_dir: str | Path, size: str = "1m", seed: int = 0, famil
         eos_token_id=eos_ids if fam.config_eos_all else eos_ids[0],
         pad_token_id=pad_id,
         dtype="float32",
-        **extra,
     )
     torch.manual_seed(seed)
     model = model_class(config)

@@ -65,9 +65,11 @@ class ModelSettings(SettingsSection):
         family: Chat-template family: ``auto`` detects it from the template, or ``hermes``
             (Qwen2.5, Qwen3), ``llama3`` (Llama 3.1+ JSON tool calls), ``glm45`` (GLM-4.5
             ``<arg_key>``/``<arg_value>`` tool calls), ``mistral`` (Mistral Small 3.x, Devstral:
-            v11 ``[TOOL_CALLS]NAME[ARGS]{...}`` tool calls).
+            v11 ``[TOOL_CALLS]NAME[ARGS]{...}`` tool calls), ``deepseek_v31`` (DeepSeek-V3.1:
+            ``<｜tool▁calls▁begin｜>`` blocks of calls).
         template_kwargs: Extra chat-template variables, e.g.
-            ``{"enable_thinking": false}`` (JSON in the environment).
+            ``{"enable_thinking": false}``, or ``{"thinking": true}`` for DeepSeek-V3.1's
+            thinking mode (JSON in the environment).
         check_tokenizer_hash: Refuse a tokenizer that differs from inference's.
     """
 

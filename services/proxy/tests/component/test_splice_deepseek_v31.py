@@ -217,7 +217,9 @@ async def test_chat_rollout_with_deepseek_v31_framing_is_one_sample(
     check_one_sample(proxy, fake, scripted)
 
 
-async def test_anthropic_rollout_with_deepseek_v31_framing_is_one_sample(deepseek_model_dir: Path, start_proxy: Any) -> None:
+async def test_anthropic_rollout_with_deepseek_v31_framing_is_one_sample(
+    deepseek_model_dir: Path, start_proxy: Any
+) -> None:
     fake = ScriptedInferenceServer(deepseek_model_dir)
     scripted = completions(fake)
     fake.script(*scripted)
@@ -250,7 +252,9 @@ async def test_anthropic_rollout_with_deepseek_v31_framing_is_one_sample(deepsee
     check_one_sample(proxy, fake, scripted)
 
 
-async def test_responses_rollout_with_deepseek_v31_framing_is_one_sample(deepseek_model_dir: Path, start_proxy: Any) -> None:
+async def test_responses_rollout_with_deepseek_v31_framing_is_one_sample(
+    deepseek_model_dir: Path, start_proxy: Any
+) -> None:
     fake = ScriptedInferenceServer(deepseek_model_dir)
     scripted = completions(fake)
     fake.script(*scripted)
@@ -281,7 +285,10 @@ async def test_thinking_turns_are_spliced_with_the_think_they_followed(
     fake = ScriptedInferenceServer(deepseek_model_dir)
     plain = completions(fake)
     think = fake.encode("</think>")
-    reasoned = [[*fake.encode("I should look first."), *think, *plain[0]], [*fake.encode("Now the file."), *think, *plain[1]]]
+    reasoned = [
+        [*fake.encode("I should look first."), *think, *plain[0]],
+        [*fake.encode("Now the file."), *think, *plain[1]],
+    ]
     scripted = [*reasoned, plain[2], plain[3]]
     fake.script(*scripted)
     proxy = await start_proxy(fake, template_kwargs={"thinking": True})

@@ -356,7 +356,8 @@ def test_deepseek_v31_calls_in_one_block_after_text_and_reasoning() -> None:
     "text",
     [
         "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜><｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",  # no name
-        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a<｜tool▁sep｜>["x"]<｜tool▁call▁end｜><｜tool▁calls▁end｜>',  # not an object
+        # arguments not an object
+        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a<｜tool▁sep｜>["x"]<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
         "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",  # no separator
         '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a<｜tool▁sep｜>{"x": 1',  # never closed
         "<｜tool▁calls▁begin｜>a call<｜tool▁calls▁end｜>",  # not a call inside the block

@@ -1202,7 +1202,14 @@ class DeepSeekV31Family:
 
     def missing(self, template: str) -> list[str]:
         """The markers of this family that ``template`` lacks: its framing tokens and those of its calls."""
-        markers = (self.message_start, self.assistant, self.calls_begin, self.call_begin, self.tool_sep, self.output_begin)
+        markers = (
+            self.message_start,
+            self.assistant,
+            self.calls_begin,
+            self.call_begin,
+            self.tool_sep,
+            self.output_begin,
+        )
         return [m for m in markers if m not in template]
 
     def matches(self, template: str) -> bool:

@@ -558,8 +558,9 @@ class Splicer:
 
     def _splice_turn(self, text: str, k: int, gen: GeneratedTurn, built: _Built) -> None:
         """Encodes the text before the ``k``-th placeholder's turn (to the end of its assistant
-        header, or of a :attr:`~.families.Family.bare_turn_after` token right before it), then adds its sampled ids in place of the turn's text (through its end-of-turn
-        token, when it ended with one)."""
+        header, or of a :attr:`~.families.Family.bare_turn_after` token right before it), then
+        adds its sampled ids in place of the turn's text (through its end-of-turn token, when it
+        ended with one)."""
         header = self._fam.assistant_header
         sentinel = _SENTINEL.format(k)
         at = text.find(sentinel, built.pos)
