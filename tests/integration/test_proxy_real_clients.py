@@ -1,12 +1,16 @@
-"""The real harness CLIs, unmodified, run a two-turn task through the proxy process.
+"""The real harness CLIs, unmodified, run a two-turn task through the proxy process, for every
+model family the proxy parses.
 
 Claude Code 2.1.332, Codex 0.171.0 and OpenClaw 2026.9.6 (installed from the
 npm registry by ``tools/harness-clis/install.sh``; this test skips when they
 are not) are each pointed at the proxy only through their documented base-URL
 setting, with side traffic off (``shared/reference/harness-protocols.md``).
-The engine is a fake (a test double): it samples the tokens of a scripted tool
-call that writes a file while the prompt holds no tool result, and a final
-text once it does. For each CLI the test checks:
+The engine is a fake (a test double) over a fake model directory of one family
+(its template and a tokenizer carrying its special tokens): it samples, in that
+family's output format, the tokens of a scripted tool call that writes a file
+while the prompt holds no tool result, and a final text once it does, each
+ended with the token that family ends such a turn with. For each CLI and family
+the test checks:
 
 * the CLI exits 0 and really ran the tool: the file exists with the content;
 * it tried no connection but to the proxy (``HTTPS_PROXY``/``HTTP_PROXY``
@@ -42,6 +46,7 @@ from openforge_core.events import subject_for
 from openforge_core.record_delta import expand_records
 from openforge_core.rpc.client import open_channel
 from openforge_testing.fakes import (
+    Completion,
     ScriptedInferenceServer,
     build_fake_model_dir,
     final_text,
@@ -208,16 +213,81 @@ class SideTrafficProbe:
         self._sock.close()
 
 
-def _script(model_dir: Path, harness: Harness) -> Callable[[list[int]], str]:
-    """The fake engine's answer: the tool call until the prompt holds a tool result, then the final text."""
+@dataclass(frozen=True)
+class FamilyFormat:
+    """How a model of one family writes the scripted turns.
+
+    Attributes:
+        template: The fake model directory's template (``build_fake_model_dir``).
+        tool_result: Text the prompt holds once a tool result is in it.
+        call: The text of a turn that says something, then calls one tool (name, arguments).
+        call_end: The token the model ends a turn of calls with.
+        text_end: The token it ends an answer with.
+    """
+
+    template: str
+    tool_result: str
+    call: Callable[[str, dict[str, Any]], str]
+    call_end: str
+    text_end: str
+
+
+SAY = "I'll create the file."
+FAMILIES = {
+    "hermes": FamilyFormat(
+        "hermes", "<tool_response>", lambda n, a: tool_call_text(n, a, text=SAY), "<|im_end|>", "<|im_end|>"
+    ),
+    "llama3": FamilyFormat(
+        "llama3",
+        "<|start_header_id|>ipython",
+        lambda n, a: f"{SAY}\n<|python_tag|>" + json.dumps({"name": n, "parameters": a}),
+        "<|eom_id|>",
+        "<|eot_id|>",
+    ),
+    "glm45": FamilyFormat(
+        "glm45",
+        "<tool_response>",
+        lambda n, a: (
+            f"{SAY}\n<tool_call>{n}"
+            + "".join(f"\n<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>" for k, v in a.items())
+            + "\n</tool_call>"
+        ),
+        "<|observation|>",  # the token that opens the tool results
+        "<|user|>",
+    ),
+    "mistral": FamilyFormat(
+        "mistral", "[TOOL_RESULTS]", lambda n, a: f"{SAY}[TOOL_CALLS]{n}[ARGS]" + json.dumps(a), "</s>", "</s>"
+    ),
+    "deepseek_v31": FamilyFormat(
+        "deepseek_v31",
+        "<｜tool▁output▁begin｜>",
+        lambda n, a: (
+            f"{SAY}<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{n}<｜tool▁sep｜>"
+            + json.dumps(a)
+            + "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+        ),
+        "<｜end▁of▁sentence｜>",
+        "<｜end▁of▁sentence｜>",
+    ),
+}
+
+
+def _script(model_dir: Path, harness: Harness, family: FamilyFormat) -> Callable[[list[int]], Completion]:
+    """The fake engine's answer (token ids, the end token included): the tool call until the
+    prompt holds a tool result, then the final text."""
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     name, args = harness.tool
 
-    def answer(prompt: list[int]) -> str:
+    def ids(text: str, end: str) -> list[int]:
+        end_id = tok.token_to_id(end)
+        assert end_id is not None, end
+        return [*tok.encode(text, add_special_tokens=False).ids, end_id]
+
+    def answer(prompt: list[int]) -> Completion:
         text = tok.decode(prompt, skip_special_tokens=False)
-        if "<tool_response>" in text:
-            return final_text(FINAL)
-        return tool_call_text(name, args, text="I'll create the file.")
+        if family.tool_result in text:
+            return ids(final_text(FINAL), family.text_end)
+        return ids(family.call(name, args), family.call_end)
 
     return answer
 
@@ -311,9 +381,11 @@ def probe() -> Iterator[SideTrafficProbe]:
     p.close()
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("harness", HARNESSES, ids=[h.name for h in HARNESSES])
 def test_real_cli_runs_a_tool_through_the_proxy_into_one_exact_sample(
     harness: Harness,
+    family: str,
     tmp_path: Path,
     nats_server_fn: NatsServer,
     service_process: ServiceFactory,
@@ -323,8 +395,8 @@ def test_real_cli_runs_a_tool_through_the_proxy_into_one_exact_sample(
         pytest.skip(f"the {harness.binary} CLI is not installed (run `{INSTALL}`)")
     if harness.binary == "openclaw" and not (NODE_BIN / "node").exists():
         pytest.skip(f"Node >= 24.16 for OpenClaw is not installed (run `{INSTALL}`)")
-    model = build_fake_model_dir(tmp_path / "model")
-    fake = ScriptedInferenceServer(model, default=_script(model, harness), tokens_per_message=3)
+    model = build_fake_model_dir(tmp_path / "model", template=FAMILIES[family].template)
+    fake = ScriptedInferenceServer(model, default=_script(model, harness, FAMILIES[family]), tokens_per_message=3)
     fake.start_in_thread()
     try:
         env = {"OPENFORGE_NATS__URL": nats_server_fn.url}
@@ -332,7 +404,7 @@ def test_real_cli_runs_a_tool_through_the_proxy_into_one_exact_sample(
         store = service_process(
             "openforge_trajectory_store", {**env, "OPENFORGE_STORE__DSN": f"sqlite:///{tmp_path / 'store.db'}"}
         )
-        rollout_id = f"real-{harness.name}"
+        rollout_id = f"real-{harness.name}-{family}"
         key = asyncio.run(_create_session(proxy.address, rollout_id))
         run = _run_cli(harness, tmp_path, port=proxy.http_port, key=key, probe_port=probe.port)
         report = f"exit {run.returncode}\n--- stdout ---\n{run.stdout[-4000:]}\n--- stderr ---\n{run.stderr[-4000:]}"

@@ -337,7 +337,7 @@ class SeenRequest:
     logprobs: list[float] = field(default_factory=list)
 
 
-Script = Callable[[list[int]], str]
+Script = Callable[[list[int]], "Completion"]
 #: A scripted completion: text (tokenized, then the model's EOS), or the exact ids to stream.
 Completion = str | Sequence[int]
 
