@@ -37,9 +37,9 @@ from openforge_core.rpc.client import open_channel
 from openforge_orchestrator.backends import cgroups
 from openforge_orchestrator.backends.local import SANDBOX_DESCRIPTION
 from openforge_orchestrator.domain.tasks import TaskCatalog
-from openforge_testing.fakes import ScriptedInferenceServer, build_fake_model_dir, final_text, tool_call_text
+from openforge_testing.fakes import FAMILY_FORMATS, ScriptedInferenceServer, build_fake_model_dir
 from openforge_testing.plugin import ServiceFactory
-from openforge_testing.rollouts import require_sandboxed_harness
+from openforge_testing.rollouts import check_exact_sample, require_sandboxed_harness, wait_samples
 from openforge_testing.servers import NatsServer, ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,31 +51,34 @@ pytestmark = pytest.mark.slow
 
 
 class OracleReplay:
-    """What the fake engine answers: per task, the tool commands to replay, then submit.
+    """What the fake engine answers: per task, the tool commands to replay, then submit, in the
+    output format of the model directory's family (token ids, the end token included).
 
     The task is found by its instruction in the prompt; the step by the number of tool results
     the prompt already holds. Safe with concurrent rollouts.
     """
 
-    def __init__(self, model_dir: Path, tool: str = "bash", arg: str = "command") -> None:
+    def __init__(self, model_dir: Path, tool: str = "bash", arg: str = "command", family: str = "hermes") -> None:
         self._tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self._plans: dict[str, list[str]] = {}
+        self._format = FAMILY_FORMATS[family]
         self.tool = tool
         self.arg = arg
 
     def plan(self, instruction: str, commands: list[str]) -> None:
         self._plans[instruction.strip()] = commands
 
-    def __call__(self, prompt_ids: list[int]) -> str:
+    def __call__(self, prompt_ids: list[int]) -> list[int]:
         text = self._tok.decode(prompt_ids, skip_special_tokens=False)
-        done = text.count("<tool_response>")
+        fmt = self._format
+        done = fmt.results(text)
         for instruction, commands in self._plans.items():
             if instruction in text:
                 steps = [*commands, SUBMIT]
                 if done < len(steps):
-                    return tool_call_text(self.tool, {self.arg: steps[done]}, text=f"Step {done + 1}.")
-                return final_text("Done.")
-        return final_text("I do not know this task.")
+                    return fmt.call_ids(self._tok, f"Step {done + 1}.", self.tool, {self.arg: steps[done]})
+                return fmt.answer_ids(self._tok, "Done.")
+        return fmt.answer_ids(self._tok, "I do not know this task.")
 
 
 def oracle_command(task_set: str, task_id: str) -> str:
@@ -86,9 +89,11 @@ def oracle_command(task_set: str, task_id: str) -> str:
 class Stack:
     """NATS, the fake engine, proxy, store and orchestrator processes of one test."""
 
-    def __init__(self, tmp: Path, nats: NatsServer, start: ServiceFactory, **orch_env: str) -> None:
-        self.model = build_fake_model_dir(tmp / "model")
-        self.replay = OracleReplay(self.model)
+    def __init__(
+        self, tmp: Path, nats: NatsServer, start: ServiceFactory, family: str = "hermes", **orch_env: str
+    ) -> None:
+        self.model = build_fake_model_dir(tmp / "model", template=FAMILY_FORMATS[family].template)
+        self.replay = OracleReplay(self.model, family=family)
         self.fake = ScriptedInferenceServer(self.model, default=self.replay, tokens_per_message=8)
         self.fake.start_in_thread()
         env = {"OPENFORGE_NATS__URL": nats.url, "OPENFORGE_SERVICES__INFERENCE": self.fake.address}
@@ -236,6 +241,30 @@ def test_mini_swe_agent_oracle_earns_1_wrong_answer_0_hang_killed_with_partial_t
     assert stored.rollout.status == common_pb2.ROLLOUT_STATUS_TIMED_OUT
     assert asyncio.run(_calls(stack.store.address, hung.rollout_id)) == 2  # ls, then the hanging sleep
     assert [p.name for p in stack.orch_sandboxes.iterdir() if p.name != ".static"] == []  # all removed
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILY_FORMATS) - {"hermes"}))
+def test_mini_swe_agent_runs_a_task_of_each_model_family_into_one_exact_sample(
+    family: str, tmp_path: Path, nats_server_fn: NatsServer, service_process: ServiceFactory
+) -> None:
+    """mini-swe-agent in its sandbox against a model of each family the proxy parses (hermes,
+    the default, is every other test here): the oracle's command, then submit, sampled in the
+    family's call format; the verifier gives 1 and the store assembles one exact sample."""
+    require_sandboxed_harness(HARNESS_DIR, "mini-swe-agent")
+    stack = Stack(tmp_path, nats_server_fn, service_process, family=family)
+    try:
+        stack.replay.plan(_instruction("count-lines"), [oracle_command("train", "count-lines")])
+        (rollout,) = asyncio.run(_run(stack.orch.address, "count-lines"))
+        assert rollout.status == common_pb2.ROLLOUT_STATUS_SUCCEEDED, (rollout.failure_reason, rollout.verifier_output)
+        assert rollout.reward == 1.0
+        seen = list(stack.fake.seen)
+        assert len(seen) == 2  # the command, then submit
+        asyncio.run(_store_rollout(stack.store.address, rollout.rollout_id, len(seen)))
+        samples = asyncio.run(wait_samples(stack.store.address, rollout.rollout_id))
+        assert len(samples) == 1, [common_pb2.BreakCause.Name(s.break_cause) for s in samples]
+        check_exact_sample(samples[0], seen, stack.fake.policy_version)
+    finally:
+        stack.close()
 
 
 #: What the proxy's hermes family records.

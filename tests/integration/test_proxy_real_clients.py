@@ -46,11 +46,11 @@ from openforge_core.events import subject_for
 from openforge_core.record_delta import expand_records
 from openforge_core.rpc.client import open_channel
 from openforge_testing.fakes import (
+    FAMILY_FORMATS,
     Completion,
+    FamilyFormat,
     ScriptedInferenceServer,
     build_fake_model_dir,
-    final_text,
-    tool_call_text,
 )
 from openforge_testing.plugin import ServiceFactory
 from openforge_testing.rollouts import check_exact_sample, finish_rollout, wait_samples
@@ -68,6 +68,7 @@ TASK = "Create a file hello.txt containing hello-from-harness, using the shell."
 COMMAND = "echo hello-from-harness > hello.txt && cat hello.txt"
 CONTENT = "hello-from-harness\n"
 FINAL = "Done: hello.txt now contains hello-from-harness."
+SAY = "I'll create the file."
 KEY_PLACEHOLDER = "<key>"
 PORT_PLACEHOLDER = "<port>"
 
@@ -213,81 +214,16 @@ class SideTrafficProbe:
         self._sock.close()
 
 
-@dataclass(frozen=True)
-class FamilyFormat:
-    """How a model of one family writes the scripted turns.
-
-    Attributes:
-        template: The fake model directory's template (``build_fake_model_dir``).
-        tool_result: Text the prompt holds once a tool result is in it.
-        call: The text of a turn that says something, then calls one tool (name, arguments).
-        call_end: The token the model ends a turn of calls with.
-        text_end: The token it ends an answer with.
-    """
-
-    template: str
-    tool_result: str
-    call: Callable[[str, dict[str, Any]], str]
-    call_end: str
-    text_end: str
-
-
-SAY = "I'll create the file."
-FAMILIES = {
-    "hermes": FamilyFormat(
-        "hermes", "<tool_response>", lambda n, a: tool_call_text(n, a, text=SAY), "<|im_end|>", "<|im_end|>"
-    ),
-    "llama3": FamilyFormat(
-        "llama3",
-        "<|start_header_id|>ipython",
-        lambda n, a: f"{SAY}\n<|python_tag|>" + json.dumps({"name": n, "parameters": a}),
-        "<|eom_id|>",
-        "<|eot_id|>",
-    ),
-    "glm45": FamilyFormat(
-        "glm45",
-        "<tool_response>",
-        lambda n, a: (
-            f"{SAY}\n<tool_call>{n}"
-            + "".join(f"\n<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>" for k, v in a.items())
-            + "\n</tool_call>"
-        ),
-        "<|observation|>",  # the token that opens the tool results
-        "<|user|>",
-    ),
-    "mistral": FamilyFormat(
-        "mistral", "[TOOL_RESULTS]", lambda n, a: f"{SAY}[TOOL_CALLS]{n}[ARGS]" + json.dumps(a), "</s>", "</s>"
-    ),
-    "deepseek_v31": FamilyFormat(
-        "deepseek_v31",
-        "<｜tool▁output▁begin｜>",
-        lambda n, a: (
-            f"{SAY}<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{n}<｜tool▁sep｜>"
-            + json.dumps(a)
-            + "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
-        ),
-        "<｜end▁of▁sentence｜>",
-        "<｜end▁of▁sentence｜>",
-    ),
-}
-
-
 def _script(model_dir: Path, harness: Harness, family: FamilyFormat) -> Callable[[list[int]], Completion]:
     """The fake engine's answer (token ids, the end token included): the tool call until the
     prompt holds a tool result, then the final text."""
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     name, args = harness.tool
 
-    def ids(text: str, end: str) -> list[int]:
-        end_id = tok.token_to_id(end)
-        assert end_id is not None, end
-        return [*tok.encode(text, add_special_tokens=False).ids, end_id]
-
     def answer(prompt: list[int]) -> Completion:
-        text = tok.decode(prompt, skip_special_tokens=False)
-        if family.tool_result in text:
-            return ids(final_text(FINAL), family.text_end)
-        return ids(family.call(name, args), family.call_end)
+        if family.results(tok.decode(prompt, skip_special_tokens=False)):
+            return family.answer_ids(tok, FINAL)
+        return family.call_ids(tok, SAY, name, args)
 
     return answer
 
@@ -381,7 +317,7 @@ def probe() -> Iterator[SideTrafficProbe]:
     p.close()
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted(FAMILY_FORMATS))
 @pytest.mark.parametrize("harness", HARNESSES, ids=[h.name for h in HARNESSES])
 def test_real_cli_runs_a_tool_through_the_proxy_into_one_exact_sample(
     harness: Harness,
@@ -395,8 +331,9 @@ def test_real_cli_runs_a_tool_through_the_proxy_into_one_exact_sample(
         pytest.skip(f"the {harness.binary} CLI is not installed (run `{INSTALL}`)")
     if harness.binary == "openclaw" and not (NODE_BIN / "node").exists():
         pytest.skip(f"Node >= 24.16 for OpenClaw is not installed (run `{INSTALL}`)")
-    model = build_fake_model_dir(tmp_path / "model", template=FAMILIES[family].template)
-    fake = ScriptedInferenceServer(model, default=_script(model, harness, FAMILIES[family]), tokens_per_message=3)
+    fmt = FAMILY_FORMATS[family]
+    model = build_fake_model_dir(tmp_path / "model", template=fmt.template)
+    fake = ScriptedInferenceServer(model, default=_script(model, harness, fmt), tokens_per_message=3)
     fake.start_in_thread()
     try:
         env = {"OPENFORGE_NATS__URL": nats_server_fn.url}

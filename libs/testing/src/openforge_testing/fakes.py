@@ -24,6 +24,9 @@
   ``<｜tool▁output▁begin｜>...<｜tool▁output▁end｜>``) over a tokenizer carrying DeepSeek-V3.1's
   special tokens.
   There are no weights: nothing can load it as a model.
+* :data:`FAMILY_FORMATS` says, per family, how its model writes a turn of text and one call,
+  and how it ends each (token ids of that family's fake tokenizer), and how many tool results
+  a prompt holds: what a scripted engine samples for a harness run against that family.
 * :class:`ScriptedInferenceServer` is a fake ``openforge.inference.v1.InferenceService``
   on a real ``grpc.aio`` server: ``Generate`` tokenizes the next scripted
   completion text with the same tokenizer and streams its ids token by token
@@ -316,6 +319,77 @@ def final_text(text: str, *, reasoning: str | None = None) -> str:
     """A Hermes completion of plain text (optionally after a ``<think>`` block)."""
     head = f"<think>\n{reasoning}\n</think>\n\n" if reasoning is not None else ""
     return head + text
+
+
+def _llama3_call(text: str, name: str, arguments: dict[str, Any]) -> str:
+    return f"{text}\n<|python_tag|>" + json.dumps({"name": name, "parameters": arguments})
+
+
+def _glm45_call(text: str, name: str, arguments: dict[str, Any]) -> str:
+    args = "".join(f"\n<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>" for k, v in arguments.items())
+    return f"{text}\n<tool_call>{name}{args}\n</tool_call>"
+
+
+def _mistral_call(text: str, name: str, arguments: dict[str, Any]) -> str:
+    return f"{text}[TOOL_CALLS]{name}[ARGS]" + json.dumps(arguments)
+
+
+def _deepseek_v31_call(text: str, name: str, arguments: dict[str, Any]) -> str:
+    call = f"<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{json.dumps(arguments)}<｜tool▁call▁end｜>"
+    return f"{text}<｜tool▁calls▁begin｜>{call}<｜tool▁calls▁end｜>"
+
+
+@dataclass(frozen=True)
+class FamilyFormat:
+    """How a model of one family writes a scripted turn, as token ids of a fake model directory
+    of that family (:func:`build_fake_model_dir`), the end token included.
+
+    Attributes:
+        template: The fake model directory's template.
+        tool_result: What the template writes once per tool result (counted in a prompt).
+        call: The text of a turn that says ``text``, then calls one tool (name, arguments).
+        call_end: The token the model ends a turn of calls with.
+        text_end: The token it ends an answer with.
+    """
+
+    template: str
+    tool_result: str
+    call: Callable[[str, str, dict[str, Any]], str]
+    call_end: str
+    text_end: str
+
+    def results(self, prompt_text: str) -> int:
+        """How many tool results a prompt (decoded with special tokens) holds."""
+        return prompt_text.count(self.tool_result)
+
+    def call_ids(self, tok: Any, text: str, name: str, arguments: dict[str, Any]) -> list[int]:
+        """A turn of text and one call, in ``tok``'s ids (a ``tokenizers.Tokenizer``)."""
+        return self._ids(tok, self.call(text, name, arguments), self.call_end)
+
+    def answer_ids(self, tok: Any, text: str) -> list[int]:
+        """An answer, in ``tok``'s ids."""
+        return self._ids(tok, text, self.text_end)
+
+    @staticmethod
+    def _ids(tok: Any, text: str, end: str) -> list[int]:
+        end_id = tok.token_to_id(end)
+        assert end_id is not None, f"the tokenizer has no {end}"
+        return [*tok.encode(text, add_special_tokens=False).ids, end_id]
+
+
+#: Family name (the proxy's) → how its model writes a call and an answer.
+FAMILY_FORMATS: dict[str, FamilyFormat] = {
+    "hermes": FamilyFormat(
+        "hermes", "<tool_response>", lambda t, n, a: tool_call_text(n, a, text=t), "<|im_end|>", "<|im_end|>"
+    ),
+    "llama3": FamilyFormat("llama3", "<|start_header_id|>ipython", _llama3_call, "<|eom_id|>", "<|eot_id|>"),
+    # a GLM-4.5 turn ends with the token that opens the next message: the tool results' after calls
+    "glm45": FamilyFormat("glm45", "<tool_response>", _glm45_call, "<|observation|>", "<|user|>"),
+    "mistral": FamilyFormat("mistral", "[TOOL_RESULTS]", _mistral_call, "</s>", "</s>"),
+    "deepseek_v31": FamilyFormat(
+        "deepseek_v31", "<｜tool▁output▁begin｜>", _deepseek_v31_call, "<｜end▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+    ),
+}
 
 
 @dataclass
