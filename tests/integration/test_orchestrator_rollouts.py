@@ -76,7 +76,7 @@ class OracleReplay:
             if instruction in text:
                 steps = [*commands, SUBMIT]
                 if done < len(steps):
-                    return fmt.call_ids(self._tok, f"Step {done + 1}.", self.tool, {self.arg: steps[done]})
+                    return fmt.call_ids(self._tok, f"Step {done + 1}.", [(self.tool, {self.arg: steps[done]})])
                 return fmt.answer_ids(self._tok, "Done.")
         return fmt.answer_ids(self._tok, "I do not know this task.")
 

@@ -7,8 +7,9 @@ are not) are each pointed at the proxy only through their documented base-URL
 setting, with side traffic off (``shared/reference/harness-protocols.md``).
 The engine is a fake (a test double) over a fake model directory of one family
 (its template and a tokenizer carrying its special tokens): it samples, in that
-family's output format, the tokens of a scripted tool call that writes a file
-while the prompt holds no tool result, and a final text once it does, each
+family's output format, the tokens of a scripted turn (reasoning where the family
+has it, text, then two tool calls: a command that fails and one that writes a
+file) while the prompt holds no tool result, and a final text once it does, each
 ended with the token that family ends such a turn with. For each CLI and family
 the test checks:
 
@@ -69,6 +70,8 @@ COMMAND = "echo hello-from-harness > hello.txt && cat hello.txt"
 CONTENT = "hello-from-harness\n"
 FINAL = "Done: hello.txt now contains hello-from-harness."
 SAY = "I'll create the file."
+THINK = "The file may exist already: I look, and write it."
+FAILING = "cat missing.txt"  # exits 1: no such file
 KEY_PLACEHOLDER = "<key>"
 PORT_PLACEHOLDER = "<port>"
 
@@ -220,10 +223,12 @@ def _script(model_dir: Path, harness: Harness, family: FamilyFormat) -> Callable
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     name, args = harness.tool
 
+    failing = {k: FAILING if v == COMMAND else v for k, v in args.items()}
+
     def answer(prompt: list[int]) -> Completion:
         if family.results(tok.decode(prompt, skip_special_tokens=False)):
-            return family.answer_ids(tok, FINAL)
-        return family.call_ids(tok, SAY, name, args)
+            return family.answer_ids(tok, FINAL, reasoning="Both calls came back.")
+        return family.call_ids(tok, SAY, [(name, failing), (name, args)], reasoning=THINK)
 
     return answer
 
@@ -352,6 +357,9 @@ def test_real_cli_runs_a_tool_through_the_proxy_into_one_exact_sample(
 
         seen = list(fake.seen)
         assert len(seen) == 2, [s.request_id for s in seen]
+        # both calls ran, the failing one's error included, before the answer was asked for
+        last = Tokenizer.from_file(str(model / "tokenizer.json")).decode(seen[1].prompt_ids, skip_special_tokens=False)
+        assert fmt.results(last) == 2 and "No such file" in last, last[-3000:]
         sent = asyncio.run(_records(nats_server_fn.url, len(seen)))
         assert len(sent) == len(seen)
         records = expand_records(sent)  # later events are coded against earlier ones (RecordDelta)

@@ -321,22 +321,33 @@ def final_text(text: str, *, reasoning: str | None = None) -> str:
     return head + text
 
 
-def _llama3_call(text: str, name: str, arguments: dict[str, Any]) -> str:
-    return f"{text}\n<|python_tag|>" + json.dumps({"name": name, "parameters": arguments})
+Call = tuple[str, dict[str, Any]]  # a tool call: name, arguments
 
 
-def _glm45_call(text: str, name: str, arguments: dict[str, Any]) -> str:
-    args = "".join(f"\n<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>" for k, v in arguments.items())
-    return f"{text}\n<tool_call>{name}{args}\n</tool_call>"
+def _hermes_calls(text: str, calls: Sequence[Call]) -> str:
+    blocks = "".join(f"\n<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>" for n, a in calls)
+    return text + blocks if text else blocks.lstrip("\n")
 
 
-def _mistral_call(text: str, name: str, arguments: dict[str, Any]) -> str:
-    return f"{text}[TOOL_CALLS]{name}[ARGS]" + json.dumps(arguments)
+def _llama3_calls(text: str, calls: Sequence[Call]) -> str:
+    return f"{text}\n<|python_tag|>" + "; ".join(json.dumps({"name": n, "parameters": a}) for n, a in calls)
 
 
-def _deepseek_v31_call(text: str, name: str, arguments: dict[str, Any]) -> str:
-    call = f"<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{json.dumps(arguments)}<｜tool▁call▁end｜>"
-    return f"{text}<｜tool▁calls▁begin｜>{call}<｜tool▁calls▁end｜>"
+def _glm45_calls(text: str, calls: Sequence[Call]) -> str:
+    out = text
+    for name, arguments in calls:
+        args = "".join(f"\n<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>" for k, v in arguments.items())
+        out += f"\n<tool_call>{name}{args}\n</tool_call>"
+    return out
+
+
+def _mistral_calls(text: str, calls: Sequence[Call]) -> str:
+    return text + "".join(f"[TOOL_CALLS]{n}[ARGS]{json.dumps(a)}" for n, a in calls)
+
+
+def _deepseek_v31_calls(text: str, calls: Sequence[Call]) -> str:
+    block = "".join(f"<｜tool▁call▁begin｜>{n}<｜tool▁sep｜>{json.dumps(a)}<｜tool▁call▁end｜>" for n, a in calls)
+    return f"{text}<｜tool▁calls▁begin｜>{block}<｜tool▁calls▁end｜>"
 
 
 @dataclass(frozen=True)
@@ -347,28 +358,35 @@ class FamilyFormat:
     Attributes:
         template: The fake model directory's template.
         tool_result: What the template writes once per tool result (counted in a prompt).
-        call: The text of a turn that says ``text``, then calls one tool (name, arguments).
+        calls: The text of a turn that says ``text``, then makes the calls (name, arguments).
         call_end: The token the model ends a turn of calls with.
         text_end: The token it ends an answer with.
+        think: How it writes reasoning before its text (None: the family has no reasoning
+            after its default generation prompt).
     """
 
     template: str
     tool_result: str
-    call: Callable[[str, str, dict[str, Any]], str]
+    calls: Callable[[str, Sequence[Call]], str]
     call_end: str
     text_end: str
+    think: Callable[[str], str] | None = None
 
     def results(self, prompt_text: str) -> int:
         """How many tool results a prompt (decoded with special tokens) holds."""
         return prompt_text.count(self.tool_result)
 
-    def call_ids(self, tok: Any, text: str, name: str, arguments: dict[str, Any]) -> list[int]:
-        """A turn of text and one call, in ``tok``'s ids (a ``tokenizers.Tokenizer``)."""
-        return self._ids(tok, self.call(text, name, arguments), self.call_end)
+    def call_ids(self, tok: Any, text: str, calls: Sequence[Call], reasoning: str = "") -> list[int]:
+        """A turn of (reasoning, where the family has it,) text and calls, in ``tok``'s ids (a
+        ``tokenizers.Tokenizer``)."""
+        return self._ids(tok, self._head(reasoning) + self.calls(text, calls), self.call_end)
 
-    def answer_ids(self, tok: Any, text: str) -> list[int]:
+    def answer_ids(self, tok: Any, text: str, reasoning: str = "") -> list[int]:
         """An answer, in ``tok``'s ids."""
-        return self._ids(tok, text, self.text_end)
+        return self._ids(tok, self._head(reasoning) + text, self.text_end)
+
+    def _head(self, reasoning: str) -> str:
+        return self.think(reasoning) if reasoning and self.think is not None else ""
 
     @staticmethod
     def _ids(tok: Any, text: str, end: str) -> list[int]:
@@ -377,17 +395,20 @@ class FamilyFormat:
         return [*tok.encode(text, add_special_tokens=False).ids, end_id]
 
 
-#: Family name (the proxy's) → how its model writes a call and an answer.
+#: Family name (the proxy's) → how its model writes reasoning, a call and an answer.
 FAMILY_FORMATS: dict[str, FamilyFormat] = {
     "hermes": FamilyFormat(
-        "hermes", "<tool_response>", lambda t, n, a: tool_call_text(n, a, text=t), "<|im_end|>", "<|im_end|>"
+        "hermes", "<tool_response>", _hermes_calls, "<|im_end|>", "<|im_end|>", lambda r: f"<think>\n{r}\n</think>\n\n"
     ),
-    "llama3": FamilyFormat("llama3", "<|start_header_id|>ipython", _llama3_call, "<|eom_id|>", "<|eot_id|>"),
+    "llama3": FamilyFormat("llama3", "<|start_header_id|>ipython", _llama3_calls, "<|eom_id|>", "<|eot_id|>"),
     # a GLM-4.5 turn ends with the token that opens the next message: the tool results' after calls
-    "glm45": FamilyFormat("glm45", "<tool_response>", _glm45_call, "<|observation|>", "<|user|>"),
-    "mistral": FamilyFormat("mistral", "[TOOL_RESULTS]", _mistral_call, "</s>", "</s>"),
+    "glm45": FamilyFormat(
+        "glm45", "<tool_response>", _glm45_calls, "<|observation|>", "<|user|>", lambda r: f"\n<think>{r}</think>\n"
+    ),
+    "mistral": FamilyFormat("mistral", "[TOOL_RESULTS]", _mistral_calls, "</s>", "</s>"),
+    # reasoning only in thinking mode (the generation prompt opens it): not scripted here
     "deepseek_v31": FamilyFormat(
-        "deepseek_v31", "<｜tool▁output▁begin｜>", _deepseek_v31_call, "<｜end▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+        "deepseek_v31", "<｜tool▁output▁begin｜>", _deepseek_v31_calls, "<｜end▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
     ),
 }
 
