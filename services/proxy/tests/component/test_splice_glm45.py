@@ -21,44 +21,23 @@ re-serialized; Anthropic Messages; Responses). Checks:
 
 from __future__ import annotations
 
-import itertools
-import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from family_splice import (
+    COMMAND,
+    EXPECTED,
+    anthropic_rollout,
+    chat_rollout,
+    check_one_sample,
+    odd_spelling,
+    responses_rollout,
+    scripted_proxy,
+    token,
+)
 
 from openforge_testing.fakes import ScriptedInferenceServer, build_fake_model_dir
-
-CHAT = "/v1/chat/completions"
-MESSAGES = "/v1/messages"
-RESPONSES = "/v1/responses"
-SYSTEM = "You are a coding agent. Use the tools."
-TASK = "Create hello.txt using the shell."
-_STR = {"type": "string"}
-SCHEMAS: dict[str, dict[str, Any]] = {
-    "exec": {"type": "object", "properties": {"command": _STR, "timeout": {"type": "integer"}}},
-    "read_file": {"type": "object", "properties": {"path": _STR}},
-}
-DESCRIPTIONS = {"exec": "Run a shell command", "read_file": "Read a file"}
-CHAT_TOOLS = [
-    {"type": "function", "function": {"name": n, "description": DESCRIPTIONS[n], "parameters": s}}
-    for n, s in SCHEMAS.items()
-]
-ANTHROPIC_TOOLS = [{"name": n, "description": DESCRIPTIONS[n], "input_schema": s} for n, s in SCHEMAS.items()]
-RESPONSES_TOOLS = [
-    {"type": "function", "name": n, "description": DESCRIPTIONS[n], "parameters": s} for n, s in SCHEMAS.items()
-]
-COMMAND = "echo hello-from-harness > hello.txt"
-#: What the parser makes of the four completions: text, calls (name, arguments).
-EXPECTED: list[tuple[str | None, list[tuple[str, dict[str, Any]]]]] = [
-    ("Let me look at the directory first.", []),
-    (None, [("exec", {"command": COMMAND})]),
-    ("Checking both.", [("read_file", {"path": "hello.txt"}), ("exec", {"command": "cat hello.txt", "timeout": 30})]),
-    ("Done: hello.txt now contains hello-from-harness.", []),
-]
-RESULTS = {"exec": "hello-from-harness", "read_file": "hello-from-harness\n"}
 
 
 @pytest.fixture(scope="module")
@@ -67,44 +46,15 @@ def glm45_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_fake_model_dir(tmp_path_factory.mktemp("fake-model-glm45"), template="glm45")
 
 
-@dataclass
-class Sample:
-    """One training sequence as the trajectory store assembles it (prompt, response, loss mask)."""
-
-    prompt: list[int]
-    response: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    calls: list[str] = field(default_factory=list)
-
-
-def samples_of(records: list[Any]) -> list[Sample]:
-    """The store's assembly: a call whose prompt extends the running sequence appends the new
-    prompt tokens (mask 0) and its completion (mask 1); any other starts a sample."""
-    out: list[Sample] = []
-    for rec in records:
-        cur = out[-1] if out else None
-        if cur is not None and rec.prompt_ids[: len(cur.prompt) + len(cur.response)] == cur.prompt + cur.response:
-            gap = rec.prompt_ids[len(cur.prompt) + len(cur.response) :]
-            cur.response += gap + rec.completion_ids
-            cur.mask += [0] * len(gap) + [1] * len(rec.completion_ids)
-            cur.calls.append(rec.call_id)
-            continue
-        out.append(Sample(list(rec.prompt_ids), list(rec.completion_ids), [1] * len(rec.completion_ids), [rec.call_id]))
-    return out
-
-
 def completions(fake: ScriptedInferenceServer) -> list[list[int]]:
     """The four scripted completions as token ids, some spelled oddly."""
     enc = fake.encode
 
     def tok(text: str) -> int:
-        (tid,) = enc(text)
-        return tid
+        return token(fake, text)
 
     def odd(text: str) -> list[int]:
-        ids = [t for ch in text for t in enc(ch)]
-        assert ids != enc(text)
-        return ids
+        return odd_spelling(fake, text)
 
     think, unthink, call, uncall = tok("<think>"), tok("</think>"), tok("<tool_call>"), tok("</tool_call>")
     key, unkey, value, unvalue = tok("<arg_key>"), tok("</arg_key>"), tok("<arg_value>"), tok("</arg_value>")
@@ -130,116 +80,19 @@ def completions(fake: ScriptedInferenceServer) -> list[list[int]]:
     ]  # fmt: skip
 
 
-def check_one_sample(proxy: Any, fake: ScriptedInferenceServer, scripted: list[list[int]]) -> None:
-    """Every call extends the previous one; the rollout is one sample whose sampled tokens are
-    exactly the scripted ids; re-tokenising what the model saw last gives other ids."""
-    recs = proxy.recorder.records
-    assert len(recs) == len(scripted) == len(fake.seen)
-    for rec, seen, ids in zip(recs, fake.seen, scripted, strict=True):
-        assert rec.prompt_ids == seen.prompt_ids
-        assert rec.completion_ids == seen.sampled_ids == ids
-    for prev, rec in itertools.pairwise(recs):
-        assert rec.splice.break_cause.value == "none", rec.splice.break_detail
-        assert rec.splice.extends_call_id == prev.call_id
-    for i, rec in enumerate(recs):
-        # each earlier turn is its sampled ids, end token included (standing in for the next
-        # message's opening token: the rendered text never repeats it)
-        assert [s.source_call_id for s in rec.splice.reused] == [r.call_id for r in recs[:i]]
-        for span in rec.splice.reused:
-            assert (
-                rec.prompt_ids[span.start : span.end] == scripted[[r.call_id for r in recs].index(span.source_call_id)]
-            )
-            assert rec.prompt_ids[span.end : span.end + 1] != rec.prompt_ids[span.end - 1 : span.end]
-        for span in rec.splice.rendered:  # the text between them encodes to exactly its ids
-            ids = rec.prompt_ids[span.start : span.end]
-            assert proxy.runtime.codec.encode(proxy.runtime.codec.decode(ids)) == ids
-    (sample,) = samples_of(recs)
-    assert sample.calls == [r.call_id for r in recs]
-    assert [t for t, m in zip(sample.response, sample.mask, strict=True) if m] == [t for ids in scripted for t in ids]
-    last = recs[-1].prompt_ids
-    assert proxy.runtime.codec.encode(proxy.runtime.codec.decode(last)) != last
-
-
-def _chat_message(reply: Any, stream: bool) -> dict[str, Any]:
-    """The assistant message a Chat Completions client rebuilds from the answer."""
-    if not stream:
-        msg: dict[str, Any] = reply.json()["choices"][0]["message"]
-        return {k: msg[k] for k in ("role", "content", "tool_calls") if k in msg}
-    text, calls = "", []
-    for _, chunk in reply.events()[:-1]:
-        if not chunk.get("choices"):
-            continue
-        delta = chunk["choices"][0]["delta"]
-        text += delta.get("content") or ""
-        for tc in delta.get("tool_calls", []):
-            if "id" in tc:
-                calls.append({"id": tc["id"], "type": "function", "function": {"name": tc["function"]["name"]}})
-                calls[-1]["function"]["arguments"] = ""
-            calls[tc["index"]]["function"]["arguments"] += tc["function"]["arguments"]
-    for c in calls:  # re-serialized without spaces, as a JavaScript client does
-        c["function"]["arguments"] = json.dumps(json.loads(c["function"]["arguments"]), separators=(",", ":"))
-    out: dict[str, Any] = {"role": "assistant", "content": text or None}
-    if calls:
-        out["tool_calls"] = calls
-    return out
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed-reserialized"])
 async def test_chat_rollout_with_glm_framing_is_one_sample(
     glm45_model_dir: Path, start_proxy: Any, stream: bool
 ) -> None:
-    fake = ScriptedInferenceServer(glm45_model_dir)
-    scripted = completions(fake)
-    fake.script(*scripted)
-    proxy = await start_proxy(fake)
-    key = proxy.session()
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
-    said = []
-    for turn in range(4):
-        body = {"model": "m", "messages": messages, "tools": CHAT_TOOLS, "stream": stream}
-        reply = await proxy.post(CHAT, body, key=key, bearer=True)
-        assert reply.status == 200, reply.body
-        msg = _chat_message(reply, stream)
-        calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg.get("tool_calls", [])]
-        said.append((msg["content"], calls))
-        messages.append(msg)
-        if turn == 0:
-            messages.append({"role": "user", "content": "Go on."})
-        for call in msg.get("tool_calls", []):
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": RESULTS[call["function"]["name"]]})
+    proxy, fake, scripted = await scripted_proxy(glm45_model_dir, start_proxy, completions)
+    said, _ = await chat_rollout(proxy, stream)
     assert said == EXPECTED
     check_one_sample(proxy, fake, scripted)
 
 
 async def test_anthropic_rollout_with_glm_framing_is_one_sample(glm45_model_dir: Path, start_proxy: Any) -> None:
-    fake = ScriptedInferenceServer(glm45_model_dir)
-    scripted = completions(fake)
-    fake.script(*scripted)
-    proxy = await start_proxy(fake)
-    key = proxy.session()
-    messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
-    kinds, stops = [], []
-    for turn in range(4):
-        body = {
-            "model": "m",
-            "max_tokens": 2048,
-            "thinking": {"type": "enabled", "budget_tokens": 1024},
-            "system": SYSTEM,
-            "messages": messages,
-            "tools": ANTHROPIC_TOOLS,
-        }
-        reply = await proxy.post(MESSAGES, body, key=key)
-        assert reply.status == 200, reply.body
-        content: list[dict[str, Any]] = reply.json()["content"]
-        kinds.append([b["type"] for b in content])
-        stops.append(reply.json()["stop_reason"])
-        messages.append({"role": "assistant", "content": content})
-        uses = [b for b in content if b["type"] == "tool_use"]
-        if turn == 0:
-            messages.append({"role": "user", "content": [{"type": "text", "text": "Go on."}]})
-        elif uses:
-            results = [{"type": "tool_result", "tool_use_id": b["id"], "content": RESULTS[b["name"]]} for b in uses]
-            messages.append({"role": "user", "content": results})
+    proxy, fake, scripted = await scripted_proxy(glm45_model_dir, start_proxy, completions)
+    kinds, stops = await anthropic_rollout(proxy, thinking=True)
     assert kinds == [
         ["thinking", "text"],
         ["thinking", "tool_use"],
@@ -251,25 +104,6 @@ async def test_anthropic_rollout_with_glm_framing_is_one_sample(glm45_model_dir:
 
 
 async def test_responses_rollout_with_glm_framing_is_one_sample(glm45_model_dir: Path, start_proxy: Any) -> None:
-    fake = ScriptedInferenceServer(glm45_model_dir)
-    scripted = completions(fake)
-    fake.script(*scripted)
-    proxy = await start_proxy(fake)
-    key = proxy.session()
-    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": TASK}]
-    said = []
-    for turn in range(4):
-        body = {"model": "m", "instructions": SYSTEM, "input": items, "tools": RESPONSES_TOOLS}
-        reply = await proxy.post(RESPONSES, body, key=key, bearer=True)
-        assert reply.status == 200, reply.body
-        output: list[dict[str, Any]] = reply.json()["output"]
-        text = "".join(p["text"] for it in output if it["type"] == "message" for p in it["content"]) or None
-        calls = [it for it in output if it["type"] == "function_call"]
-        said.append((text, [(c["name"], json.loads(c["arguments"])) for c in calls]))
-        items += output
-        if turn == 0:
-            items.append({"type": "message", "role": "user", "content": "Go on."})
-        for c in calls:
-            items.append({"type": "function_call_output", "call_id": c["call_id"], "output": RESULTS[c["name"]]})
-    assert said == EXPECTED
+    proxy, fake, scripted = await scripted_proxy(glm45_model_dir, start_proxy, completions)
+    assert await responses_rollout(proxy) == EXPECTED
     check_one_sample(proxy, fake, scripted)
