@@ -322,8 +322,8 @@ def test_the_fake_deepseek_v31_model_dir_serves_as_a_deepseek_v31_model(tmp_path
         "Done.<｜end▁of▁sentence｜><｜User｜>more<｜Assistant｜></think>"
     )
     # after tool results the model writes right away: no generation prompt
-    after_tool = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
-    after_tool.append({"role": "tool", "content": "ok"})
+    after_tool: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    after_tool += [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": "ok"}]
     assert rt.template.render(after_tool, add_generation_prompt=True).endswith("<｜tool▁output▁end｜>")
     thinking = rt.template.render([{"role": "user", "content": "hi"}], add_generation_prompt=True, thinking=True)
     assert thinking.endswith("<｜User｜>hi<｜Assistant｜><think>")
