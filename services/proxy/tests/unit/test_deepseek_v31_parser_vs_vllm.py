@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import json
 import random
-import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from parser_cases import STR_CHARS, TOOLS, Parsed, arguments, parse_twice, prose
 
 from openforge_core.chat_formats import DEEPSEEK_V31_SPECIAL_TOKENS
 from openforge_proxy.domain.families import DeepSeekV31Family
@@ -40,21 +40,9 @@ COMPLETIONS = 1200
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
 THINKING, PLAIN = "<｜Assistant｜><think>", "<｜Assistant｜></think>"
-
-_UNICODE = "héllo wörld ñandú 日本語 テスト 中文 Ωμέγα ✓ 🚀 😀 ü ß"
-_KEY_CHARS = string.ascii_letters + "_"
-_STR_CHARS = string.ascii_letters + string.digits + " .,:;!?-_/'\"\\\n\t{}[]<>｜▁" + _UNICODE
-_WORDS = "the file is read and then we run tests in the repo; check output: ok, done".split() + _UNICODE.split()
-_TOOLS = ("Bash", "read_file", "write", "search.web", "exec", "get_weather", "ツール", "edit-file")
-
-
-@dataclass
-class Parsed:
-    """What one parse found: reasoning, text and calls as (name, arguments)."""
-
-    reasoning: str = ""
-    text: str = ""
-    calls: list[tuple[str, Any]] = field(default_factory=list)
+#: Strings in arguments also hold the halves of DeepSeek's markers.
+CHARS = STR_CHARS + "｜▁"
+LOOKALIKES = ("{x}", "<b>", "a < b", "<｜", "<think", '{"k": 1}')
 
 
 @dataclass(frozen=True)
@@ -70,46 +58,7 @@ class Case:
     difference: str = ""  # the deliberate difference it shows ("" for none)
 
 
-def _string(rng: random.Random, n: int = 12) -> str:
-    return "".join(rng.choice(_STR_CHARS) for _ in range(rng.randint(0, n)))
-
-
-def _json_value(rng: random.Random, depth: int) -> Any:
-    kind = rng.choice(("str", "int", "float", "bool", "null", "list", "dict") if depth < 3 else ("str", "int"))
-    if kind == "str":
-        return _string(rng)
-    if kind == "int":
-        return rng.randint(-(10**12), 10**12)
-    if kind == "float":
-        return round(rng.uniform(-1e6, 1e6), rng.randint(1, 6)) + 0.5
-    if kind == "bool":
-        return rng.random() < 0.5
-    if kind == "null":
-        return None
-    if kind == "list":
-        return [_json_value(rng, depth + 1) for _ in range(rng.randint(0, 4))]
-    return {_key(rng): _json_value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
-
-
-def _key(rng: random.Random) -> str:
-    return "".join(rng.choice(_KEY_CHARS) for _ in range(rng.randint(1, 10)))
-
-
-def _arguments(rng: random.Random) -> dict[str, Any]:
-    return {_key(rng): _json_value(rng, 0) for _ in range(0 if rng.random() < 0.15 else rng.randint(1, 4))}
-
-
-def _prose(rng: random.Random, n: int = 12) -> str:
-    words = [rng.choice(_WORDS) for _ in range(rng.randint(1, n))]
-    if rng.random() < 0.3:
-        words.insert(rng.randrange(len(words) + 1), rng.choice(("{x}", "<b>", "a < b", "<｜", "<think", '{"k": 1}')))
-    text = ""
-    for w in words:
-        text += w + rng.choice((" ", " ", " ", "\n", ", ", ". "))
-    return text.strip()
-
-
-def _call_text(rng: random.Random, name: str, body: str) -> str:
+def _call_text(name: str, body: str) -> str:
     return f"{CALL_BEGIN}{name}{SEP}{body}{CALL_END}"
 
 
@@ -120,10 +69,10 @@ def _body(rng: random.Random, args: dict[str, Any]) -> str:
 
 def _case(rng: random.Random) -> Case:
     thinking = rng.random() < 0.4
-    reasoning = ("" if rng.random() < 0.1 else _prose(rng, n=30)) if thinking else ""
+    reasoning = ("" if rng.random() < 0.1 else prose(rng, LOOKALIKES, n=30)) if thinking else ""
     n_calls = rng.choice((0, 1, 1, 2, 3))
-    before = _prose(rng) if n_calls == 0 or rng.random() < 0.5 else ""
-    calls = [(name, _arguments(rng)) for name in rng.sample(_TOOLS, n_calls)]
+    before = prose(rng, LOOKALIKES) if n_calls == 0 or rng.random() < 0.5 else ""
+    calls = [(name, arguments(rng, CHARS)) for name in rng.sample(TOOLS, n_calls)]
     difference = ""
     r = rng.random()
     if n_calls and r < 0.06:
@@ -137,50 +86,21 @@ def _case(rng: random.Random) -> Case:
     after = ""
     if n_calls:
         body += rng.choice(("", "\n", " ")) if before else ""
-        body += CALLS_BEGIN + "".join(_call_text(rng, name, _body(rng, args)) for name, args in calls)
+        body += CALLS_BEGIN + "".join(_call_text(name, _body(rng, args)) for name, args in calls)
         if difference == "not_object":
-            body += _call_text(rng, rng.choice(_TOOLS), rng.choice(('["x"]', "1", '"s"', "{oops}")))
+            body += _call_text(rng.choice(TOOLS), rng.choice(('["x"]', "1", '"s"', "{oops}")))
         if difference == "unclosed":
-            body += _call_text(rng, rng.choice(_TOOLS), '{"path": "a.txt"}')[: -len(CALL_END)]
+            body += _call_text(rng.choice(TOOLS), '{"path": "a.txt"}')[: -len(CALL_END)]
         else:
             body += CALLS_END
         if difference == "after":
-            after = _prose(rng)
+            after = prose(rng, LOOKALIKES)
             body += rng.choice(("", "\n", " ")) + after
     return Case(body, thinking, reasoning, calls, before, after, difference)
 
 
-def _ours(case: Case, rng: random.Random | None) -> Parsed:
-    parser = DeepSeekV31Family().parser(THINKING if case.thinking else PLAIN)
-    events = []
-    text = case.completion
-    if rng is None:
-        events.extend(parser.feed(text))
-    else:
-        i = 0
-        while i < len(text):
-            k = rng.choice((1, 1, 2, 3, 5, 8, 13, 40))
-            events.extend(parser.feed(text[i : i + k]))
-            i += k
-    events.extend(parser.finish())
-    out = Parsed()
-    for ev in events:
-        if ev.kind == "reasoning":
-            out.reasoning += ev.text
-        elif ev.kind == "text":
-            out.text += ev.text
-        else:
-            assert ev.call is not None
-            assert json.loads(ev.call.arguments_json) == ev.call.arguments
-            out.calls.append((ev.call.name, ev.call.arguments))
-    return out
-
-
 def _parse_ours(case: Case, seed: int) -> Parsed:
-    whole = _ours(case, None)
-    chunked = _ours(case, random.Random(seed))
-    assert chunked == whole, "the result depends on how the completion is cut"
-    return whole
+    return parse_twice(lambda: DeepSeekV31Family().parser(THINKING if case.thinking else PLAIN), case.completion, seed)
 
 
 def _vllm(tok: Any, case: Case) -> tuple[Parsed, list[str], str | None]:
@@ -190,7 +110,7 @@ def _vllm(tok: Any, case: Case) -> tuple[Parsed, list[str], str | None]:
     from vllm.reasoning.deepseek_v3_reasoning_parser import DeepSeekV3ReasoningParser
     from vllm.tool_parsers.deepseekv31_tool_parser import DeepSeekV31ToolParser
 
-    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in _TOOLS]
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in TOOLS]
     request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=tools)
     reasoner = DeepSeekV3ReasoningParser(tok, chat_template_kwargs={"thinking": case.thinking})
     reasoning, content = reasoner.extract_reasoning(case.completion, request)
