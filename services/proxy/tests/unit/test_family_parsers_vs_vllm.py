@@ -36,10 +36,11 @@ from __future__ import annotations
 import json
 import random
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from parser_cases import Parsed, parse_twice
 
 from openforge_core.chat_formats import LLAMA3_SPECIAL_TOKENS
 from openforge_proxy.domain.families import Family, HermesFamily, Llama3Family
@@ -55,15 +56,6 @@ _UNICODE = "héllo wörld ñandú 日本語 テスト 中文 Ωμέγα ✓ 🚀
 _KEY_CHARS = string.ascii_letters + "_"
 _STR_CHARS = string.ascii_letters + string.digits + " .,:;!?-_/'\"\\\n\t{}[]<>" + _UNICODE
 _WORDS = "the file is read and then we run tests in the repo; check output: ok, done".split() + _UNICODE.split()
-
-
-@dataclass
-class Parsed:
-    """What one parse found: reasoning, text, and calls as (name, arguments)."""
-
-    reasoning: str = ""
-    text: str = ""
-    calls: list[tuple[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -204,37 +196,8 @@ def _vllm_hermes(tok: Any, request: Any, case: Case) -> tuple[Parsed, str | None
     return Parsed((reasoning or "").strip("\n"), "", calls), info.content
 
 
-def _ours(family: Family, case: Case, rng: random.Random | None) -> Parsed:
-    parser = family.parser(case.generation_prompt)
-    events = []
-    text = case.completion
-    if rng is None:
-        events.extend(parser.feed(text))
-    else:
-        i = 0
-        while i < len(text):
-            k = rng.choice((1, 1, 2, 3, 5, 8, 13, 40))
-            events.extend(parser.feed(text[i : i + k]))
-            i += k
-    events.extend(parser.finish())
-    out = Parsed()
-    for ev in events:
-        if ev.kind == "reasoning":
-            out.reasoning += ev.text
-        elif ev.kind == "text":
-            out.text += ev.text
-        else:
-            assert ev.call is not None
-            assert json.loads(ev.call.arguments_json) == ev.call.arguments
-            out.calls.append((ev.call.name, ev.call.arguments))
-    return out
-
-
 def _parse_ours(family: Family, case: Case, seed: int) -> Parsed:
-    whole = _ours(family, case, None)
-    chunked = _ours(family, case, random.Random(seed))
-    assert chunked == whole, "the result depends on how the completion is cut"
-    return whole
+    return parse_twice(lambda: family.parser(case.generation_prompt), case.completion, seed)
 
 
 def test_hermes_parser_agrees_with_vllms_hermes_and_qwen3_parsers(request_: Any) -> None:

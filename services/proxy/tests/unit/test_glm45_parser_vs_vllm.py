@@ -32,10 +32,11 @@ from __future__ import annotations
 import json
 import random
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from parser_cases import Parsed, parse_twice
 
 from openforge_core.chat_formats import GLM45_SPECIAL_TOKENS
 from openforge_proxy.domain.families import Glm45Family
@@ -59,15 +60,6 @@ class Tool:
 
     name: str
     parameters: dict[str, Any]
-
-
-@dataclass
-class Parsed:
-    """What one parse found: reasoning, text, and calls as (name, arguments)."""
-
-    reasoning: str = ""
-    text: str = ""
-    calls: list[tuple[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -200,37 +192,8 @@ def _case(rng: random.Random) -> Case:
     return Case(head + body, prompt, tools, calls, reasoning, before, after, difference)
 
 
-def _ours(case: Case, rng: random.Random | None) -> Parsed:
-    parser = Glm45Family().parser(case.generation_prompt, case.tools)
-    events = []
-    text = case.completion
-    if rng is None:
-        events.extend(parser.feed(text))
-    else:
-        i = 0
-        while i < len(text):
-            k = rng.choice((1, 1, 2, 3, 5, 8, 13, 40))
-            events.extend(parser.feed(text[i : i + k]))
-            i += k
-    events.extend(parser.finish())
-    out = Parsed()
-    for ev in events:
-        if ev.kind == "reasoning":
-            out.reasoning += ev.text
-        elif ev.kind == "text":
-            out.text += ev.text
-        else:
-            assert ev.call is not None
-            assert json.loads(ev.call.arguments_json) == ev.call.arguments
-            out.calls.append((ev.call.name, ev.call.arguments))
-    return out
-
-
 def _parse_ours(case: Case, seed: int) -> Parsed:
-    whole = _ours(case, None)
-    chunked = _ours(case, random.Random(seed))
-    assert chunked == whole, "the result depends on how the completion is cut"
-    return whole
+    return parse_twice(lambda: Glm45Family().parser(case.generation_prompt, case.tools), case.completion, seed)
 
 
 def _vllm(tok: Any, case: Case) -> tuple[Parsed, str | None]:
