@@ -106,6 +106,23 @@ class _Entry:
     key: str = field(repr=False)  # kept only so an idempotent retry can return it
 
 
+def _check_request(rollout_id: str, limits: Limits, ttl_s: float | None, rollout_attempt: int) -> None:
+    """Refuses a CreateSession whose fields are out of range.
+
+    Raises:
+        InvalidArgument: Empty rollout id, negative limits, ttl or attempt.
+    """
+    if not rollout_id:
+        raise InvalidArgument.field("rollout_id", "must not be empty")
+    for name in ("max_turns", "max_tokens_per_call", "max_total_tokens"):
+        if getattr(limits, name) < 0:
+            raise InvalidArgument.field(f"limits.{name}", "must be >= 0 (0 = no limit)")
+    if ttl_s is not None and ttl_s <= 0:
+        raise InvalidArgument.field("ttl", "must be positive")
+    if rollout_attempt < 0:
+        raise InvalidArgument.field("rollout_attempt", "must be >= 1 (0 = 1)")
+
+
 class SessionRegistry:
     """Sessions in memory, by rollout id and by key digest.
 
@@ -163,26 +180,10 @@ class SessionRegistry:
             AlreadyExists: An open session for the rollout exists from another request.
             ResourceExhausted: ``max_sessions`` open sessions exist.
         """
-        if not rollout_id:
-            raise InvalidArgument.field("rollout_id", "must not be empty")
-        for name in ("max_turns", "max_tokens_per_call", "max_total_tokens"):
-            if getattr(limits, name) < 0:
-                raise InvalidArgument.field(f"limits.{name}", "must be >= 0 (0 = no limit)")
-        if ttl_s is not None and ttl_s <= 0:
-            raise InvalidArgument.field("ttl", "must be positive")
-        if rollout_attempt < 0:
-            raise InvalidArgument.field("rollout_attempt", "must be >= 1 (0 = 1)")
-        existing = self._refresh(self._by_rollout.get(rollout_id))
-        if existing is not None:
-            if request_id and existing.request_id == request_id:
-                return existing.session, existing.key
-            if existing.session.state is SessionState.OPEN:
-                raise AlreadyExists(
-                    f"rollout {rollout_id} already has an open session",
-                    reason="SESSION_EXISTS",
-                    metadata={"rollout_id": rollout_id},
-                )
-            self._drop(existing)
+        _check_request(rollout_id, limits, ttl_s, rollout_attempt)
+        replayed = self._replayed(request_id, rollout_id)
+        if replayed is not None:
+            return replayed.session, replayed.key
         if len(self._by_rollout) >= self._max:
             self._evict()
         now = self._clock()
@@ -209,6 +210,27 @@ class SessionRegistry:
         self._by_rollout[rollout_id] = entry
         self._by_digest[entry.key_digest] = entry
         return session, key
+
+    def _replayed(self, request_id: str, rollout_id: str) -> _Entry | None:
+        """The rollout's session when ``request_id`` opened it (an idempotent retry); an ended
+        one is dropped to make room for the new one.
+
+        Raises:
+            AlreadyExists: Another request opened a session for the rollout that is still open.
+        """
+        existing = self._refresh(self._by_rollout.get(rollout_id))
+        if existing is None:
+            return None
+        if request_id and existing.request_id == request_id:
+            return existing
+        if existing.session.state is SessionState.OPEN:
+            raise AlreadyExists(
+                f"rollout {rollout_id} already has an open session",
+                reason="SESSION_EXISTS",
+                metadata={"rollout_id": rollout_id},
+            )
+        self._drop(existing)
+        return None
 
     def get(self, rollout_id: str) -> Session:
         """The session of a rollout.

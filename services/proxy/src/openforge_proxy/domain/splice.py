@@ -632,6 +632,39 @@ class Splicer:
             The new turn.
         """
         turn_id = turn_id_of(call_id, attempt)
+        gen = self._new_turn(plan, turn_id, call_id, output, sampled)
+        self.turns[turn_id] = gen
+        refs = [norm_ref(ref) for ref in output.refs()]
+        for ref in refs:
+            self._refs[ref] = turn_id
+        self._commits.append((gen, refs))
+        self._fps.setdefault(gen.fingerprint, []).append(turn_id)
+        self._after.setdefault((gen.parent, gen.fingerprint), []).append(turn_id)
+        tokens = plan.prompt.ids + array("i", sampled)
+        self.heads[turn_id] = Head(
+            turn_id=turn_id,
+            call_id=call_id,
+            messages=[*plan.messages, gen.message],
+            turns=[*plan.turns, turn_id],
+            tools_key=plan.tools_key,
+            tokens=tokens,
+            packed=plan.prompt.packed + gen.packed[len(plan.prefill_ids.packed) :],  # + the sampled ids
+            kept=plan.kept,
+        )
+        memo = self._memo
+        if memo is not None and memo.prompt is plan.prompt:
+            # the head's ids start with the prompt: keep one copy (marks never reach past the prompt)
+            head = self.heads[turn_id]
+            memo.prompt = PackedIds(head.tokens, head.packed)
+        while len(self.heads) > self._max_heads:
+            self.heads.popitem(last=False)
+        return gen
+
+    def _new_turn(
+        self, plan: PromptPlan, turn_id: str, call_id: str, output: AssistantOutput, sampled: Sequence[int]
+    ) -> GeneratedTurn:
+        """The generated turn of a finished generation: its message as the harness will send it
+        back, its ids (the prefill it followed, then the sampled ids), its place in the thread."""
         msg = Message(
             role="assistant",
             content=output.text,
@@ -644,7 +677,7 @@ class Splicer:
         )
         fp = fingerprint(output.text, [(tc.name, _resent_arguments(tc)) for tc in output.tool_calls])
         sampled_packed = self._codec.pack(sampled)
-        gen = GeneratedTurn(
+        return GeneratedTurn(
             turn_id=turn_id,
             call_id=call_id,
             ids=plan.prefill_ids.ids + array("i", sampled),
@@ -655,32 +688,6 @@ class Splicer:
             parent=next((t for t in reversed(plan.turns) if t is not None), None),
             context=context_key(plan.messages[0], plan.messages[-1]) if plan.messages else context_key(None, None),
         )
-        self.turns[turn_id] = gen
-        refs = [norm_ref(ref) for ref in output.refs()]
-        for ref in refs:
-            self._refs[ref] = turn_id
-        self._commits.append((gen, refs))
-        self._fps.setdefault(fp, []).append(turn_id)
-        self._after.setdefault((gen.parent, fp), []).append(turn_id)
-        tokens = plan.prompt.ids + array("i", sampled)
-        self.heads[turn_id] = Head(
-            turn_id=turn_id,
-            call_id=call_id,
-            messages=[*plan.messages, msg],
-            turns=[*plan.turns, turn_id],
-            tools_key=plan.tools_key,
-            tokens=tokens,
-            packed=plan.prompt.packed + sampled_packed,
-            kept=plan.kept,
-        )
-        memo = self._memo
-        if memo is not None and memo.prompt is plan.prompt:
-            # the head's ids start with the prompt: keep one copy (marks never reach past the prompt)
-            head = self.heads[turn_id]
-            memo.prompt = PackedIds(head.tokens, head.packed)
-        while len(self.heads) > self._max_heads:
-            self.heads.popitem(last=False)
-        return gen
 
 
 def _resent_arguments(tc: Any) -> Any:

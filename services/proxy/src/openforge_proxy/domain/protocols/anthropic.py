@@ -143,6 +143,29 @@ def _user(content: Any, extra: dict[str, Any], names: dict[str, str]) -> list[Me
     return out
 
 
+def _messages(raw: Any, i: int, names: dict[str, str]) -> list[Message]:
+    """``messages[i]`` in canonical form: one message, or a user message's tool results and
+    text as several (``names``: call id -> tool name, updated with an assistant's calls).
+
+    Raises:
+        InvalidArgument: It is not an object, or its role is none of Messages'.
+    """
+    if not isinstance(raw, dict):
+        raise InvalidArgument.field(f"messages[{i}]", "must be an object")
+    role = raw.get("role")
+    extra = {k: v for k, v in raw.items() if k not in _KNOWN_MESSAGE_KEYS}
+    content = raw.get("content")
+    if role == "assistant":
+        msg = _assistant(content, extra)
+        names.update({tc.id: tc.name for tc in msg.tool_calls})
+        return [msg]
+    if role == "user":
+        return _user(content, extra, names)
+    if role == "system":
+        return [Message(role="system", content=text_of(content), extra=extra)]
+    raise InvalidArgument.field(f"messages[{i}].role", "must be user, assistant or system")
+
+
 def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> CanonicalRequest:
     """Maps a Messages request body into the canonical conversation.
 
@@ -174,22 +197,7 @@ def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> Canonic
         messages.append(Message(role="system", content=text_of(system), parts=non_text_parts(system)))
     base = 1 if system is not None else 0
     for i in range(resume.start, len(raws)):
-        raw = raws[i]
-        if not isinstance(raw, dict):
-            raise InvalidArgument.field(f"messages[{i}]", "must be an object")
-        role = raw.get("role")
-        extra = {k: v for k, v in raw.items() if k not in _KNOWN_MESSAGE_KEYS}
-        content = raw.get("content")
-        if role == "assistant":
-            msg = _assistant(content, extra)
-            names.update({tc.id: tc.name for tc in msg.tool_calls})
-            messages.append(msg)
-        elif role == "user":
-            messages.extend(_user(content, extra, names))
-        elif role == "system":
-            messages.append(Message(role="system", content=text_of(content), extra=extra))
-        else:
-            raise InvalidArgument.field(f"messages[{i}].role", "must be user, assistant or system")
+        messages.extend(_messages(raws[i], i, names))
         ends.append(len(messages))
     raw_tools = body.get("tools") or []
     if memo is not None:

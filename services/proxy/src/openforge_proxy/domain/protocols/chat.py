@@ -131,6 +131,30 @@ def _assistant(raw: dict[str, Any], i: int, content: str, extra: dict[str, Any],
     return msg
 
 
+def _message(raw: Any, i: int, names: dict[str, str]) -> Message:
+    """``messages[i]`` in canonical form (``names``: call id -> tool name, for tool messages).
+
+    Raises:
+        InvalidArgument: It is not an object, or its role is none of Chat Completions'.
+    """
+    if not isinstance(raw, dict):
+        raise InvalidArgument.field(f"messages[{i}]", "must be an object")
+    role = raw.get("role")
+    content = raw.get("content")
+    extra = {k: v for k, v in raw.items() if k not in _KNOWN_KEYS}
+    if role in ("system", "developer"):
+        return Message(role="system", content=text_of(content), extra=extra)
+    if role == "user":
+        return Message(role="user", content=text_of(content), parts=non_text_parts(content), extra=extra)
+    if role == "assistant":
+        return _assistant(raw, i, text_of(content), extra, names)
+    if role in ("tool", "function"):
+        call_id = str(raw.get("tool_call_id", ""))
+        name = names.get(call_id, raw.get("name") if isinstance(raw.get("name"), str) else None)
+        return Message(role="tool", content=text_of(content), tool_call_id=call_id, name=name, extra=extra)
+    raise InvalidArgument.field(f"messages[{i}].role", "must be system, developer, user, assistant or tool")
+
+
 def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> CanonicalRequest:
     """Maps a Chat Completions request body into the canonical conversation.
 
@@ -157,31 +181,7 @@ def parse(body: dict[str, Any], memo: ConversationMemo | None = None) -> Canonic
     resume = begin(memo, None, raw_messages)
     messages, ends, names = resume.messages, resume.ends, resume.names
     for i in range(resume.start, len(raw_messages)):
-        raw = raw_messages[i]
-        if not isinstance(raw, dict):
-            raise InvalidArgument.field(f"messages[{i}]", "must be an object")
-        role = raw.get("role")
-        content = raw.get("content")
-        extra = {k: v for k, v in raw.items() if k not in _KNOWN_KEYS}
-        if role in ("system", "developer"):
-            messages.append(Message(role="system", content=text_of(content), extra=extra))
-        elif role == "user":
-            messages.append(Message(role="user", content=text_of(content), parts=non_text_parts(content), extra=extra))
-        elif role == "assistant":
-            messages.append(_assistant(raw, i, text_of(content), extra, names))
-        elif role in ("tool", "function"):
-            call_id = str(raw.get("tool_call_id", ""))
-            messages.append(
-                Message(
-                    role="tool",
-                    content=text_of(content),
-                    tool_call_id=call_id,
-                    name=names.get(call_id, raw.get("name") if isinstance(raw.get("name"), str) else None),
-                    extra=extra,
-                )
-            )
-        else:
-            raise InvalidArgument.field(f"messages[{i}].role", "must be system, developer, user, assistant or tool")
+        messages.append(_message(raw_messages[i], i, names))
         ends.append(len(messages))
     raw_tools = body.get("tools")
     if memo is not None:
