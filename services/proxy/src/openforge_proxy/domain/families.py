@@ -243,6 +243,12 @@ class HermesParser:
         self._mode = "reasoning" if in_reasoning else "start"
         self._text = _TextOut()
         self._strip_lead = in_reasoning
+        self._steps: dict[str, Callable[[bool, list[Event]], bool]] = {
+            "start": self._read_start,
+            "reasoning": self._read_reasoning,
+            "text": self._read_text,
+            "tool": self._read_tool,
+        }
 
     @property
     def in_reasoning(self) -> bool:
@@ -267,71 +273,83 @@ class HermesParser:
         return events
 
     def _drain(self, final: bool) -> list[Event]:
-        f = self._f
         out: list[Event] = []
-        while True:
-            if self._mode == "start":
-                lead = self._buf.lstrip()
-                if not lead:
-                    if final:
-                        self._buf = ""
-                    return out
-                if lead.startswith(f.reasoning_open):
-                    self._buf = lead[len(f.reasoning_open) :]
-                    self._mode = "reasoning"
-                    self._strip_lead = True
-                    continue
-                if f.reasoning_open.startswith(lead) and not final:
-                    return out
-                self._mode = "text"
-                continue
-            if self._mode == "reasoning":
-                if self._strip_lead and self._buf:
-                    self._buf = self._buf.lstrip("\n")
-                    self._strip_lead = not self._buf
-                at = self._buf.find(f.reasoning_close)
-                if at >= 0:
-                    chunk = self._buf[:at].rstrip("\n")
-                    if chunk:
-                        out.append(Event("reasoning", chunk))
-                    self._buf = self._buf[at + len(f.reasoning_close) :]
-                    self._mode = "text"
-                    continue
-                keep = _partial_suffix(self._buf, (f.reasoning_close,)) if not final else 0
-                chunk = self._buf[: len(self._buf) - keep]
-                # hold trailing newlines: they may precede the closing tag
-                body = chunk.rstrip("\n")
-                held = chunk[len(body) :]
-                if body:
-                    out.append(Event("reasoning", body))
-                self._buf = held + self._buf[len(chunk) :]
-                if not final or not self._buf:
-                    return out
-                return out
-            if self._mode == "text":
-                at = self._buf.find(f.tool_open)
-                if at >= 0:
-                    out.extend(self._text(self._buf[:at]))
-                    self._text.pending = ""
-                    self._buf = self._buf[at + len(f.tool_open) :]
-                    self._mode = "tool"
-                    continue
-                keep = _partial_suffix(self._buf, (f.tool_open,)) if not final else 0
-                out.extend(self._text(self._buf[: len(self._buf) - keep]))
-                self._buf = self._buf[len(self._buf) - keep :]
-                return out
-            # tool
-            at = self._buf.find(f.tool_close)
-            if at < 0:
-                return out
-            body = self._buf[:at]
-            self._buf = self._buf[at + len(f.tool_close) :]
+        while self._steps[self._mode](final, out):
+            pass
+        return out
+
+    def _read_start(self, final: bool, out: list[Event]) -> bool:
+        """Before anything but whitespace: a reasoning block, or text."""
+        f = self._f
+        lead = self._buf.lstrip()
+        if not lead:
+            if final:
+                self._buf = ""
+            return False
+        if lead.startswith(f.reasoning_open):
+            self._buf = lead[len(f.reasoning_open) :]
+            self._mode = "reasoning"
+            self._strip_lead = True
+            return True
+        if f.reasoning_open.startswith(lead) and not final:
+            return False
+        self._mode = "text"
+        return True
+
+    def _read_reasoning(self, final: bool, out: list[Event]) -> bool:
+        """Reasoning up to its closing tag, less the newlines around it."""
+        f = self._f
+        if self._strip_lead and self._buf:
+            self._buf = self._buf.lstrip("\n")
+            self._strip_lead = not self._buf
+        at = self._buf.find(f.reasoning_close)
+        if at >= 0:
+            chunk = self._buf[:at].rstrip("\n")
+            if chunk:
+                out.append(Event("reasoning", chunk))
+            self._buf = self._buf[at + len(f.reasoning_close) :]
             self._mode = "text"
-            call = self._parse_call(body)
-            if call is None:
-                out.extend(self._text(f.tool_open + body + f.tool_close))
-            else:
-                out.append(Event("tool", call=call))
+            return True
+        keep = _partial_suffix(self._buf, (f.reasoning_close,)) if not final else 0
+        chunk = self._buf[: len(self._buf) - keep]
+        # hold trailing newlines: they may precede the closing tag
+        body = chunk.rstrip("\n")
+        held = chunk[len(body) :]
+        if body:
+            out.append(Event("reasoning", body))
+        self._buf = held + self._buf[len(chunk) :]
+        return False
+
+    def _read_text(self, final: bool, out: list[Event]) -> bool:
+        """Text up to a tool call's opening tag."""
+        f = self._f
+        at = self._buf.find(f.tool_open)
+        if at >= 0:
+            out.extend(self._text(self._buf[:at]))
+            self._text.pending = ""
+            self._buf = self._buf[at + len(f.tool_open) :]
+            self._mode = "tool"
+            return True
+        keep = _partial_suffix(self._buf, (f.tool_open,)) if not final else 0
+        out.extend(self._text(self._buf[: len(self._buf) - keep]))
+        self._buf = self._buf[len(self._buf) - keep :]
+        return False
+
+    def _read_tool(self, final: bool, out: list[Event]) -> bool:
+        """A tool call up to its closing tag: a call, or text where it does not parse."""
+        f = self._f
+        at = self._buf.find(f.tool_close)
+        if at < 0:
+            return False
+        body = self._buf[:at]
+        self._buf = self._buf[at + len(f.tool_close) :]
+        self._mode = "text"
+        call = self._parse_call(body)
+        if call is None:
+            out.extend(self._text(f.tool_open + body + f.tool_close))
+        else:
+            out.append(Event("tool", call=call))
+        return True
 
 
 _ARGS_RE = {key: re.compile(rf'"{key}"\s*:\s*') for key in ("arguments", "parameters")}
