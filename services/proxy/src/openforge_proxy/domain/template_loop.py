@@ -183,36 +183,16 @@ class MessageLoop:
         old = cache.messages
         same_context = cache.context is not None and _same(cache.context, context)
         if same_context:
-            n = min(len(old), len(messages))
-            # the messages a session sends again are mostly the same objects: skip those at C speed
-            same = same_objects(messages, old)
-            while same < n and (messages[same] is old[same] or _equal(messages[same], old[same])):
-                same += 1
-            start = max(0, same - self.lookahead)
+            start = max(0, _unchanged(messages, old) - self.lookahead)
         first = min(self.lookbehind, start)  # these read from the end of the list: rendered too
         rendered = [*range(first), *range(start, len(messages))]
         rows = [(i, messages[i]) for i in rendered]
         variables = {**context, "messages": messages, _ROWS: rows, _MARK: _mark, _LAST: len(messages) - 1}
         last = cache.text  # None after a whole render: nothing is known then
         parts = None
-        same_head = False
-        if (
-            self._quiet is not None
-            and same_context
-            and last is not None
-            and messages
-            and old
-            and (messages[0] is old[0] or _equal(messages[0], old[0]))
-        ):
-            # the text before and after the loop is the last render's: only the iterations are made
-            parts = _split(self._quiet.render(variables), rendered)
-            if parts is not None and not parts[0] and not parts[2]:
-                head, tail = last[: cache.head_len], last[len(last) - cache.tail_len :]
-                parts = head, parts[1], tail
-                cache.quiet += 1
-                same_head = True
-            else:  # not seen: the template writes around the iterations after all
-                parts = None
+        if same_context and messages and old and (messages[0] is old[0] or _equal(messages[0], old[0])):
+            parts = self._iterations_only(cache, variables, rendered)
+        same_head = parts is not None
         if parts is None:
             parts = _split(self._template.render(variables), rendered)
         if parts is None:  # not seen with a template that qualifies; if it were, stop trying
@@ -237,6 +217,31 @@ class MessageLoop:
         cache.renders += 1
         cache.same_prefix = known
         return out
+
+    def _iterations_only(
+        self, cache: LoopCache, variables: dict[str, Any], rendered: list[int]
+    ) -> tuple[str, list[str], str] | None:
+        """The render with the text before and after the loop taken from the last render and
+        only the iterations made (the template without its text around the loop), or None where
+        that template writes around the iterations after all (or there is no last render)."""
+        last = cache.text
+        if self._quiet is None or last is None:
+            return None
+        parts = _split(self._quiet.render(variables), rendered)
+        if parts is None or parts[0] or parts[2]:
+            return None
+        cache.quiet += 1
+        return last[: cache.head_len], parts[1], last[len(last) - cache.tail_len :]
+
+
+def _unchanged(messages: Sequence[Mapping[str, Any]], old: Sequence[Mapping[str, Any]]) -> int:
+    """How many leading messages are the same as the last render's (the messages a session
+    sends again are mostly the same objects: those are skipped at C speed)."""
+    n = min(len(old), len(messages))
+    same = same_objects(messages, old)
+    while same < n and (messages[same] is old[same] or _equal(messages[same], old[same])):
+        same += 1
+    return same
 
 
 def same_objects(a: Sequence[Any], b: Sequence[Any]) -> int:
