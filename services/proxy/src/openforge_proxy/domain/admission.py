@@ -442,14 +442,9 @@ class Admission:
             session = self._sessions.current(session)
         except OpenForgeError as exc:
             raise ApiError(ErrorKind.AUTHENTICATION, "the session ended") from exc
-        limits = session.limits
-        if known is None:
-            if limits.max_turns and session.calls >= limits.max_turns:
-                raise ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {limits.max_turns} turns")
-        else:
+        _check_limits(session, new_call=known is None)
+        if known is not None:
             plan.report.retry(known.call_id)
-        if limits.max_total_tokens and session.total_tokens >= limits.max_total_tokens:
-            raise ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {limits.max_total_tokens} tokens")
         sampling = self._sampling(session, request, runtime, len(plan.prompt))
         if sampling.seed is not None:
             # a seed per call: the session's seed and the call's identity (its prompt and tools),
@@ -508,3 +503,17 @@ class Admission:
                 )
             raise ApiError(ErrorKind.LIMIT_REACHED, "rollout limit reached: no tokens left in the budget")
         return Sampling.enforced(enforced, max_tokens)
+
+
+def _check_limits(session: Session, *, new_call: bool) -> None:
+    """Refuses a call past its session's limits: turns (a new call only; a retry of a call the
+    session counted is not another turn) and total tokens.
+
+    Raises:
+        ApiError: LIMIT_REACHED.
+    """
+    limits = session.limits
+    if new_call and limits.max_turns and session.calls >= limits.max_turns:
+        raise ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {limits.max_turns} turns")
+    if limits.max_total_tokens and session.total_tokens >= limits.max_total_tokens:
+        raise ApiError(ErrorKind.LIMIT_REACHED, f"rollout limit reached: {limits.max_total_tokens} tokens")
