@@ -67,10 +67,7 @@ from openforge_proxy.domain.conversation import Message, Tool, ToolCall, ToolKin
 from openforge_proxy.domain.families import Family
 from openforge_proxy.domain.output import AssistantOutput
 from openforge_proxy.domain.splice_memo import (
-    BY_AFTER,
-    BY_FP,
     BY_NONE,
-    BY_REF,
     Forms,
     Mark,
     Matching,
@@ -89,14 +86,12 @@ from openforge_proxy.domain.splice_plan import (
 from openforge_proxy.domain.template import ChatTemplate
 from openforge_proxy.domain.template_loop import LoopCache, same_objects
 from openforge_proxy.domain.tokens import ChunkCache, IdsBuilder, PackedIds, TokenizerCodec
+from openforge_proxy.domain.turn_tree import TurnTree
 from openforge_proxy.domain.turns import (
     GeneratedTurn,
     Head,
-    answering,
     context_key,
     fingerprint,
-    message_fingerprint,
-    norm_ref,
 )
 
 #: Stands for the k-th generated turn in a render. Private-use characters around a per-process
@@ -201,17 +196,14 @@ class Splicer:
         self._no_prefill = codec.packed([])
         self._generation_prompt = generation_prompt
         self.cache = ChunkCache(max_cache_chars)
-        self.turns: dict[str, GeneratedTurn] = {}
-        self._refs: dict[str, str] = {}
-        self._fps: dict[str, list[str]] = {}
-        self._after: dict[tuple[str | None, str], list[str]] = {}  # (parent, fingerprint) -> turns
+        self.tree = TurnTree()
+        self.turns = self.tree.turns
         self.heads: OrderedDict[str, Head] = OrderedDict()
         self._memo: RenderMemo | None = None
         self._loop_cache = LoopCache()  # the template's previous render (template_loop)
         self._tools: tuple[Sequence[Tool], tuple[str, list[dict[str, Any]]]] | None = None
         self._forms: Forms | None = None  # the last render's template forms
         self._matching: Matching | None = None  # the last build's matching
-        self._commits: list[tuple[GeneratedTurn, list[str]]] = []  # each turn, its normalized references
 
     def drop_caches(self) -> None:
         """Forgets what was kept only to make the next build cheaper (the previous build's
@@ -229,63 +221,7 @@ class Splicer:
 
     def turn_of_ref(self, ref: str) -> str | None:
         """The generated turn an echoed identifier belongs to."""
-        return self._refs.get(norm_ref(ref)) if ref else None
-
-    def match(
-        self,
-        msg: Message,
-        used: set[str],
-        previous: str | None = None,
-        before: Message | None = None,
-        first: Message | None = None,
-    ) -> tuple[str | None, int]:
-        """The generated turn an assistant message is, or None, and which rule decided.
-
-        Args:
-            msg: An assistant message of the request.
-            used: Turns matched to earlier messages of the request (never matched twice).
-            previous: The turn the request's previous assistant message matched (None when
-                it matched none or this is the first one).
-            before: The message before ``msg`` in the request, if any.
-            first: The request's first message, if any.
-
-        Returns:
-            The turn whose echoed identifier the message carries (:data:`BY_REF`); else,
-            among the unused turns saying the same and following ``previous`` in the model's
-            view, the latest one that answered the same (:func:`context_key` of ``first`` and
-            ``before``) and reached the harness, else the latest that answered the same, else
-            the latest that reached the harness, else the latest (:data:`BY_AFTER`); else,
-            among all unused turns saying the same, chosen the same way (:data:`BY_FP`);
-            else None (:data:`BY_NONE`).
-        """
-        fp = message_fingerprint(msg)
-        for ref in msg.refs:
-            turn = self.turn_of_ref(ref)
-            if turn is not None and self.turns[turn].fingerprint == fp:
-                return turn, BY_REF
-        after = [self.turns[t] for t in reversed(self._after.get((previous, fp), ())) if t not in used]
-        if len(after) == 1 and previous is not None:
-            return after[0].turn_id, BY_AFTER  # no choice
-        same = [self.turns[t] for t in reversed(self._fps.get(fp, ())) if t not in used]
-        if not after and len(same) <= 1:
-            return (same[0].turn_id, BY_FP) if same else (None, BY_NONE)
-        context = context_key(first, before)
-        # answered the same, and the harness got it (not only an attempt it left); else answered
-        # the same. With no predecessor (the first turn, or one after an edited turn), a turn
-        # that answered the same counts more than following no turn.
-        gen = answering(after, context)
-        if gen is not None:
-            return gen.turn_id, BY_AFTER
-        weigh_all = previous is None or not after
-        if weigh_all and (gen := answering(same, context)) is not None:
-            return gen.turn_id, BY_FP
-        # nothing answered the same; a decision that weighed every turn saying the same is one a
-        # new such turn can change (:data:`BY_FP`)
-        rule = BY_FP if weigh_all else BY_AFTER
-        for gens in (after, same):
-            if gens:
-                return next((g for g in gens if g.delivered), gens[0]).turn_id, rule
-        return None, BY_NONE
+        return self.tree.of_ref(ref)
 
     def forget_head(self, turn_id: str) -> None:
         """Drops the conversation view a committed turn ended (its prompt and sampled ids),
@@ -297,7 +233,7 @@ class Splicer:
 
     def undelivered(self, turn_id: str) -> None:
         """Marks a committed turn whose answer never reached the harness (it left first): among
-        turns that say the same, :meth:`match` takes it last."""
+        turns that say the same, :meth:`.TurnTree.match` takes it last."""
         gen = self.turns.get(turn_id)
         if gen is not None and gen.delivered:
             gen.delivered = False
@@ -391,7 +327,7 @@ class Splicer:
         k = 0
         if memo is not None:
             k = same_objects(messages, memo.messages)
-            for gen, refs in self._commits[memo.commits :]:
+            for gen, refs in self.tree.commits[memo.commits :]:
                 k = min(k, memo.first_changed(gen, refs))
         matched: list[str | None] = []
         vias: list[int] = []
@@ -405,13 +341,13 @@ class Splicer:
             turn, via = None, BY_NONE
             prevs.append(previous)
             if msg.role == "assistant":
-                turn, via = self.match(msg, used, previous, messages[i - 1] if i else None, messages[0])
+                turn, via = self.tree.match(msg, used, previous, messages[i - 1] if i else None, messages[0])
                 previous = turn
             if turn is not None:
                 used.add(turn)
             matched.append(turn)
             vias.append(via)
-        out = Matching(list(messages), matched, vias, prevs, len(self._commits))  # the caller's list may change
+        out = Matching(list(messages), matched, vias, prevs, len(self.tree.commits))  # the caller's list may change
         if memo is not None and k == len(memo.messages):  # it only grew: the earlier entries are kept
             out.by_ref, out.by_key, out.by_fp = memo.by_ref, memo.by_key, memo.by_fp
             out.index(k)
@@ -633,13 +569,7 @@ class Splicer:
         """
         turn_id = turn_id_of(call_id, attempt)
         gen = self._new_turn(plan, turn_id, call_id, output, sampled)
-        self.turns[turn_id] = gen
-        refs = [norm_ref(ref) for ref in output.refs()]
-        for ref in refs:
-            self._refs[ref] = turn_id
-        self._commits.append((gen, refs))
-        self._fps.setdefault(gen.fingerprint, []).append(turn_id)
-        self._after.setdefault((gen.parent, gen.fingerprint), []).append(turn_id)
+        self.tree.add(gen, output.refs())
         tokens = plan.prompt.ids + array("i", sampled)
         self.heads[turn_id] = Head(
             turn_id=turn_id,
