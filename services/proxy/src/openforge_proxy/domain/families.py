@@ -214,7 +214,35 @@ class _TextOut:
         return [Event("text", stripped)] if stripped else []
 
 
-class HermesParser:
+class _StateParser:
+    """A streaming parser as a state machine over the text held so far (``_buf``): in each
+    mode, ``_steps[mode](final, out)`` reads what it can, appends the events it completes to
+    ``out`` and says whether to go on (it changed mode) or wait for more text."""
+
+    def __init__(self, mode: str, steps: Mapping[str, Callable[[bool, list[Event]], bool]]) -> None:
+        self._buf = ""
+        self._mode = mode
+        self._steps = steps
+        self._text = _TextOut()
+
+    @property
+    def in_reasoning(self) -> bool:
+        """Whether the text being parsed is reasoning."""
+        return self._mode == "reasoning"
+
+    def feed(self, text: str) -> list[Event]:
+        """Parses a text delta."""
+        self._buf += text
+        return self._drain(final=False)
+
+    def _drain(self, final: bool) -> list[Event]:
+        out: list[Event] = []
+        while self._steps[self._mode](final, out):
+            pass
+        return out
+
+
+class HermesParser(_StateParser):
     """Streaming parser of ``<think>`` reasoning, text and ``<tool_call>`` JSON blocks.
 
     Text deltas leave as soon as they cannot be the start of a marker;
@@ -237,28 +265,16 @@ class HermesParser:
         in_reasoning: bool = False,
         parse_call: Callable[[str], ParsedCall | None] | None = None,
     ) -> None:
-        self._f = family
-        self._parse_call = parse_call if parse_call is not None else family.parse_call
-        self._buf = ""
-        self._mode = "reasoning" if in_reasoning else "start"
-        self._text = _TextOut()
-        self._strip_lead = in_reasoning
-        self._steps: dict[str, Callable[[bool, list[Event]], bool]] = {
+        steps = {
             "start": self._read_start,
             "reasoning": self._read_reasoning,
             "text": self._read_text,
             "tool": self._read_tool,
         }
-
-    @property
-    def in_reasoning(self) -> bool:
-        """Whether the text being parsed is reasoning."""
-        return self._mode == "reasoning"
-
-    def feed(self, text: str) -> list[Event]:
-        """Parses a text delta."""
-        self._buf += text
-        return self._drain(final=False)
+        super().__init__("reasoning" if in_reasoning else "start", steps)
+        self._f = family
+        self._parse_call = parse_call if parse_call is not None else family.parse_call
+        self._strip_lead = in_reasoning
 
     def finish(self) -> list[Event]:
         """Flushes what is left at the end of generation (an unclosed tool call becomes text)."""
@@ -271,12 +287,6 @@ class HermesParser:
             self._buf = ""
         self._text.pending = ""
         return events
-
-    def _drain(self, final: bool) -> list[Event]:
-        out: list[Event] = []
-        while self._steps[self._mode](final, out):
-            pass
-        return out
 
     def _read_start(self, final: bool, out: list[Event]) -> bool:
         """Before anything but whitespace: a reasoning block, or text."""
@@ -1019,7 +1029,7 @@ class MistralFamily:
         return MistralParser(self)
 
 
-class DeepSeekV31Parser:
+class DeepSeekV31Parser(_StateParser):
     """Streaming parser of DeepSeek-V3.1 reasoning, text and tool-call blocks (a :class:`StreamParser`).
 
     Reasoning is read only where the generation prompt opened it (``<｜Assistant｜><think>``),
@@ -1038,28 +1048,16 @@ class DeepSeekV31Parser:
     """
 
     def __init__(self, family: DeepSeekV31Family, in_reasoning: bool = False) -> None:
-        self._f = family
-        self._buf = ""
-        self._mode = "reasoning" if in_reasoning else "text"  # -> text -> calls <-> call -> text
-        self._opened = False  # in the block, no call emitted yet: its opening marker not passed on
-        self._calls = 0  # calls emitted in the block
-        self._text = _TextOut()
-        self._steps: dict[str, Callable[[bool, list[Event]], bool]] = {
+        steps = {
             "reasoning": self._read_reasoning,
             "text": self._read_text,
             "calls": self._read_block,
             "call": self._read_call,
-        }
-
-    @property
-    def in_reasoning(self) -> bool:
-        """Whether the text being parsed is reasoning."""
-        return self._mode == "reasoning"
-
-    def feed(self, text: str) -> list[Event]:
-        """Parses a text delta."""
-        self._buf += text
-        return self._drain(final=False)
+        }  # reasoning -> text -> calls <-> call -> text
+        super().__init__("reasoning" if in_reasoning else "text", steps)
+        self._f = family
+        self._opened = False  # in the block, no call emitted yet: its opening marker not passed on
+        self._calls = 0  # calls emitted in the block
 
     def finish(self) -> list[Event]:
         """Flushes what is left at the end of generation (an unfinished call becomes text)."""
@@ -1079,12 +1077,6 @@ class DeepSeekV31Parser:
         """The block's opening marker, when what is passed on as text is the block's first item."""
         opened, self._opened = self._opened, False
         return self._f.calls_begin if opened else ""
-
-    def _drain(self, final: bool) -> list[Event]:
-        out: list[Event] = []
-        while self._steps[self._mode](final, out):
-            pass
-        return out
 
     def _read_reasoning(self, final: bool, out: list[Event]) -> bool:
         at = self._buf.find(self._f.reasoning_close)
