@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_serving import serve_and_recompute
 
 from openforge_core.chat_formats import DEEPSEEK_V31_END_TOKENS, DEEPSEEK_V31_SPECIAL_TOKENS, DEEPSEEK_V31_TEMPLATE
 from openforge_inference.tiny_model import SIZES, build_tiny_model
@@ -125,41 +126,26 @@ def test_template_is_the_shared_deepseek_v31_one_and_the_proxy_detects_it(ds_dir
     assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
 
 
-def test_the_reference_engine_serves_it(ds_dir: Path, tokenizer: Any, loop_thread: Any) -> None:
-    """The transformers reference engine (vLLM's CPU build, about a minute to start, is not
-    started here)."""
-    import torch
-    from transformers import AutoModelForCausalLM
+#: How far the engine's logprobs may be from a transformers forward of the same weights. vLLM's
+#: CPU build serves this architecture through its latent-attention (MLA) path, whose logprobs
+#: were measured up to 0.006 nats from transformers' (0.002 with every layer dense: the gap is in
+#: attention; its cause is not found); the other families' match to 1e-4.
+TOLERANCE = {"transformers": 1e-4, "vllm": 1e-2}
 
-    from openforge_inference.engines import create_engine
-    from openforge_inference.engines.base import EngineConfig, GenerateRequest, SamplingOptions
-    from openforge_inference.engines.transformers_engine import teacher_forced_logprobs
 
+@pytest.mark.parametrize("engine_name", ["transformers", pytest.param("vllm", marks=pytest.mark.slow)])
+def test_engine_serves_it(engine_name: str, ds_dir: Path, tokenizer: Any, loop_thread: Any) -> None:
+    """The reference engine, and vLLM's CPU build (about a minute to start on two cores)."""
+    if engine_name == "vllm":
+        pytest.importorskip("vllm", reason="vLLM is not installed (requirements/inference-cpu.txt)")
     prompt = tokenizer.apply_chat_template(CONVERSATION, tools=TOOLS, add_generation_prompt=True, tokenize=False)
     assert prompt.endswith("<｜Assistant｜></think>")
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-    config = EngineConfig(model_path=ds_dir, kv_cache_gib=0.25, max_num_seqs=4, threads=1)
-    engine = create_engine("transformers", config)
-
-    async def generate() -> tuple[Any, list[int], list[float]]:
-        await engine.start()
-        try:
-            info = await engine.model_info()
-            tokens: list[int] = []
-            logprobs: list[float] = []
-            sampling = SamplingOptions(max_tokens=12, temperature=1.0, seed=3)
-            async for delta in engine.generate(GenerateRequest("ds", prompt_ids, sampling)):
-                tokens += delta.token_ids
-                logprobs += delta.logprobs
-            return info, tokens, logprobs
-        finally:
-            await engine.close()
-
-    info, tokens, logprobs = loop_thread.run(generate(), timeout=600)
+    # a latent-attention cache entry is 576 wide: the whole context takes 0.28 GiB
+    info, tokens, logprobs, expected = serve_and_recompute(
+        engine_name, ds_dir, prompt_ids, loop_thread, kv_cache_gib=0.5
+    )
     assert set(info.eos_token_ids) == {tokenizer.convert_tokens_to_ids(t) for t in DEEPSEEK_V31_END_TOKENS}
     assert 1 <= len(tokens) <= 12
     assert all(0 <= t < len(tokenizer) for t in tokens)
-    model = AutoModelForCausalLM.from_pretrained(str(ds_dir), dtype=torch.float32)
-    model.eval()  # type: ignore[no-untyped-call]
-    expected = teacher_forced_logprobs(model, prompt_ids, tokens, temperature=1.0, top_k=None, top_p=None)
-    assert max(abs(a - b) for a, b in zip(logprobs, expected, strict=True)) <= 1e-4
+    assert max(abs(a - b) for a, b in zip(logprobs, expected, strict=True)) <= TOLERANCE[engine_name]

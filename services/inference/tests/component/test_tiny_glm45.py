@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_serving import serve_and_recompute
 
 from openforge_core.chat_formats import GLM45_END_TOKENS, GLM45_SPECIAL_TOKENS, GLM45_TEMPLATE
 from openforge_inference.tiny_model import SIZES, build_tiny_model
@@ -118,38 +119,11 @@ def test_template_is_the_shared_glm45_one_and_the_proxy_detects_it(glm_dir: Path
 def test_the_reference_engine_serves_it(glm_dir: Path, tokenizer: Any, loop_thread: Any) -> None:
     """The transformers reference engine (vLLM's CPU build, about a minute to start, is not
     started here)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from openforge_inference.engines import create_engine
-    from openforge_inference.engines.base import EngineConfig, GenerateRequest, SamplingOptions
-    from openforge_inference.engines.transformers_engine import teacher_forced_logprobs
-
     prompt = tokenizer.apply_chat_template(CONVERSATION, tools=TOOLS, add_generation_prompt=True, tokenize=False)
     assert prompt.endswith("<|assistant|>")
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-    config = EngineConfig(model_path=glm_dir, kv_cache_gib=0.25, max_num_seqs=4, threads=1)
-    engine = create_engine("transformers", config)
-
-    async def generate() -> tuple[Any, list[int], list[float]]:
-        await engine.start()
-        try:
-            info = await engine.model_info()
-            tokens: list[int] = []
-            logprobs: list[float] = []
-            sampling = SamplingOptions(max_tokens=12, temperature=1.0, seed=3)
-            async for delta in engine.generate(GenerateRequest("glm", prompt_ids, sampling)):
-                tokens += delta.token_ids
-                logprobs += delta.logprobs
-            return info, tokens, logprobs
-        finally:
-            await engine.close()
-
-    info, tokens, logprobs = loop_thread.run(generate(), timeout=600)
+    info, tokens, logprobs, expected = serve_and_recompute("transformers", glm_dir, prompt_ids, loop_thread)
     assert set(info.eos_token_ids) == {tokenizer.convert_tokens_to_ids(t) for t in GLM45_END_TOKENS}
     assert 1 <= len(tokens) <= 12
     assert all(0 <= t < len(tokenizer) for t in tokens)
-    model = AutoModelForCausalLM.from_pretrained(str(glm_dir), dtype=torch.float32)
-    model.eval()  # type: ignore[no-untyped-call]
-    expected = teacher_forced_logprobs(model, prompt_ids, tokens, temperature=1.0, top_k=None, top_p=None)
     assert max(abs(a - b) for a, b in zip(logprobs, expected, strict=True)) <= 1e-4

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_serving import serve_and_recompute
 
 from openforge_core.chat_formats import LLAMA3_END_TOKENS, LLAMA3_SPECIAL_TOKENS, LLAMA3_TEMPLATE
 from openforge_inference.tiny_model import FAMILIES, SIZES, build_tiny_model, main
@@ -108,44 +109,17 @@ def test_engine_serves_it(engine_name: str, llama_dir: Path, tokenizer: Any, loo
     """The reference engine, and vLLM's CPU build (about a minute to start on two cores)."""
     if engine_name == "vllm":
         pytest.importorskip("vllm", reason="vLLM is not installed (requirements/inference-cpu.txt)")
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from openforge_inference.engines import create_engine
-    from openforge_inference.engines.base import EngineConfig, GenerateRequest, SamplingOptions
-    from openforge_inference.engines.transformers_engine import teacher_forced_logprobs
-
     prompt = tokenizer.apply_chat_template(CONVERSATION, tools=TOOLS, add_generation_prompt=True, tokenize=False)
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-    config = EngineConfig(model_path=llama_dir, kv_cache_gib=0.25, max_num_seqs=4, threads=1)
-    engine = create_engine(engine_name, config)
-
-    async def generate() -> tuple[Any, list[int], list[float]]:
-        await engine.start()
-        try:
-            info = await engine.model_info()
-            tokens: list[int] = []
-            logprobs: list[float] = []
-            sampling = SamplingOptions(max_tokens=12, temperature=1.0, seed=3)
-            async for delta in engine.generate(GenerateRequest("llama", prompt_ids, sampling)):
-                tokens += delta.token_ids
-                logprobs += delta.logprobs
-            return info, tokens, logprobs
-        finally:
-            await engine.close()
-
-    info, tokens, logprobs = loop_thread.run(generate(), timeout=600)
+    info, tokens, logprobs, expected = serve_and_recompute(engine_name, llama_dir, prompt_ids, loop_thread)
     assert set(info.eos_token_ids) == {tokenizer.convert_tokens_to_ids(t) for t in LLAMA3_END_TOKENS}
     assert 1 <= len(tokens) <= 12
     assert all(0 <= t < len(tokenizer) for t in tokens)
-    model = AutoModelForCausalLM.from_pretrained(str(llama_dir), dtype=torch.float32)
-    model.eval()  # type: ignore[no-untyped-call]
-    expected = teacher_forced_logprobs(model, prompt_ids, tokens, temperature=1.0, top_k=None, top_p=None)
     assert max(abs(a - b) for a, b in zip(logprobs, expected, strict=True)) <= 1e-4
 
 
 def test_unknown_family_is_refused(tmp_path: Path) -> None:
-    known = r"\['glm45', 'llama3', 'mistral', 'qwen'\]"
+    known = r"\['deepseek_v31', 'glm45', 'llama3', 'mistral', 'qwen'\]"
     with pytest.raises(ValueError, match=r"unknown tiny model family 'gpt-oss'; expected one of " + known):
         build_tiny_model(tmp_path, family="gpt-oss")
     with pytest.raises(SystemExit) as exc:
