@@ -8,8 +8,9 @@ setting, with side traffic off (``shared/reference/harness-protocols.md``).
 The engine is a fake (a test double) over a fake model directory of one family
 (its template and a tokenizer carrying its special tokens): it samples, in that
 family's output format, the tokens of a scripted turn (reasoning where the family
-has it, text, then two tool calls: a command that fails and one that writes a
-file) while the prompt holds no tool result, and a final text once it does, each
+has it, text spelled one token per character, ids its tokenizer would not
+produce, then two tool calls: a command that fails and one that writes a file)
+while the prompt holds no tool result, and a final text once it does, each
 ended with the token that family ends such a turn with. For each CLI and family
 the test checks:
 
@@ -228,7 +229,7 @@ def _script(model_dir: Path, harness: Harness, family: FamilyFormat) -> Callable
     def answer(prompt: list[int]) -> Completion:
         if family.results(tok.decode(prompt, skip_special_tokens=False)):
             return family.answer_ids(tok, FINAL, reasoning="Both calls came back.")
-        return family.call_ids(tok, SAY, [(name, failing), (name, args)], reasoning=THINK)
+        return family.call_ids(tok, SAY, [(name, failing), (name, args)], reasoning=THINK, odd=True)
 
     return answer
 

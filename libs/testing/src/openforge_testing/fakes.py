@@ -376,10 +376,18 @@ class FamilyFormat:
         """How many tool results a prompt (decoded with special tokens) holds."""
         return prompt_text.count(self.tool_result)
 
-    def call_ids(self, tok: Any, text: str, calls: Sequence[Call], reasoning: str = "") -> list[int]:
+    def call_ids(
+        self, tok: Any, text: str, calls: Sequence[Call], reasoning: str = "", *, odd: bool = False
+    ) -> list[int]:
         """A turn of (reasoning, where the family has it,) text and calls, in ``tok``'s ids (a
-        ``tokenizers.Tokenizer``)."""
-        return self._ids(tok, self._head(reasoning) + self.calls(text, calls), self.call_end)
+        ``tokenizers.Tokenizer``); with ``odd``, ``text`` spelled one token per character (ids
+        the tokenizer would not produce: re-tokenising the turn would show)."""
+        if not odd or not text:
+            return self._ids(tok, self._head(reasoning) + self.calls(text, calls), self.call_end)
+        head = tok.encode(self._head(reasoning), add_special_tokens=False).ids
+        spelled = [t for ch in text for t in tok.encode(ch, add_special_tokens=False).ids]
+        rest = self.calls(text, calls)[len(text) :]
+        return [*head, *spelled, *self._ids(tok, rest, self.call_end)]
 
     def answer_ids(self, tok: Any, text: str, reasoning: str = "") -> list[int]:
         """An answer, in ``tok``'s ids."""
