@@ -193,6 +193,13 @@ def _partial_suffix(buf: str, markers: tuple[str, ...]) -> int:
     return best
 
 
+def _opens_reasoning(generation_prompt: str, open_tag: str, close_tag: str) -> bool:
+    """Whether a generation prompt leaves a reasoning block open (its last ``open_tag`` is not
+    closed after it): the model's first tokens are then reasoning."""
+    opened = generation_prompt.rfind(open_tag)
+    return opened >= 0 and generation_prompt.find(close_tag, opened) < 0
+
+
 class _TextOut:
     """Text deltas as a parser passes them on: the first text's leading whitespace dropped, and
     trailing whitespace held back (``pending``) until more text follows; a parser drops it
@@ -240,6 +247,20 @@ class _StateParser:
         while self._steps[self._mode](final, out):
             pass
         return out
+
+    def _text_until(self, marker: str, final: bool, out: list[Event]) -> bool:
+        """Passes on the text before ``marker``; True when the marker came (the text held now
+        starts after it), False when more text is needed (a partial marker is held back)."""
+        at = self._buf.find(marker)
+        if at >= 0:
+            out.extend(self._text(self._buf[:at]))
+            self._text.pending = ""
+            self._buf = self._buf[at + len(marker) :]
+            return True
+        keep = 0 if final else _partial_suffix(self._buf, (marker,))
+        out.extend(self._text(self._buf[: len(self._buf) - keep]))
+        self._buf = self._buf[len(self._buf) - keep :]
+        return False
 
 
 class HermesParser(_StateParser):
@@ -332,18 +353,10 @@ class HermesParser(_StateParser):
 
     def _read_text(self, final: bool, out: list[Event]) -> bool:
         """Text up to a tool call's opening tag."""
-        f = self._f
-        at = self._buf.find(f.tool_open)
-        if at >= 0:
-            out.extend(self._text(self._buf[:at]))
-            self._text.pending = ""
-            self._buf = self._buf[at + len(f.tool_open) :]
-            self._mode = "tool"
-            return True
-        keep = _partial_suffix(self._buf, (f.tool_open,)) if not final else 0
-        out.extend(self._text(self._buf[: len(self._buf) - keep]))
-        self._buf = self._buf[len(self._buf) - keep :]
-        return False
+        if not self._text_until(self._f.tool_open, final, out):
+            return False
+        self._mode = "tool"
+        return True
 
     def _read_tool(self, final: bool, out: list[Event]) -> bool:
         """A tool call up to its closing tag: a call, or text where it does not parse."""
@@ -425,8 +438,7 @@ class HermesFamily:
     def parser(self, generation_prompt: str, tools: Sequence[ToolSchema] = ()) -> HermesParser:
         """A parser for one completion that follows ``generation_prompt`` (the calls are
         JSON: ``tools`` are not needed)."""
-        opened = generation_prompt.rfind(self.reasoning_open)
-        in_reasoning = opened >= 0 and generation_prompt.find(self.reasoning_close, opened) < 0
+        in_reasoning = _opens_reasoning(generation_prompt, self.reasoning_open, self.reasoning_close)
         return HermesParser(self, in_reasoning=in_reasoning)
 
     def parse_call(self, body: str) -> ParsedCall | None:
@@ -802,8 +814,7 @@ class Glm45Family:
     def parser(self, generation_prompt: str, tools: Sequence[ToolSchema] = ()) -> HermesParser:
         """A parser for one completion that follows ``generation_prompt``; ``tools`` tell
         which parameters are strings."""
-        opened = generation_prompt.rfind(self.reasoning_open)
-        in_reasoning = opened >= 0 and generation_prompt.find(self.reasoning_close, opened) < 0
+        in_reasoning = _opens_reasoning(generation_prompt, self.reasoning_open, self.reasoning_close)
         strings = _string_params(tools)
         return HermesParser(self, in_reasoning=in_reasoning, parse_call=lambda body: self.parse_call(body, strings))
 
@@ -925,7 +936,7 @@ class MistralParser:
             body = self._buf[:end]
             self._buf = self._buf[end:]
             self._mode = "text"
-            call = self._call(self._name.strip(), body.strip())
+            call = _json_object_call(self._name.strip(), body.strip())
             if call is None:
                 out.extend(self._text(f.tool_calls + self._name + f.args + body))
             else:
@@ -958,18 +969,6 @@ class MistralParser:
                     return i
         self._depth, self._in_str, self._escape, self._scan = depth, in_str, escape, i
         return -1
-
-    @staticmethod
-    def _call(name: str, body: str) -> ParsedCall | None:
-        if not name:
-            return None
-        try:
-            args = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return None
-        if not isinstance(args, dict):
-            return None
-        return ParsedCall(name, args, body)
 
 
 @dataclass(frozen=True)
@@ -1093,18 +1092,10 @@ class DeepSeekV31Parser(_StateParser):
         return False
 
     def _read_text(self, final: bool, out: list[Event]) -> bool:
-        f = self._f
-        at = self._buf.find(f.calls_begin)
-        if at >= 0:
-            out.extend(self._text(self._buf[:at]))
-            self._text.pending = ""
-            self._buf = self._buf[at + len(f.calls_begin) :]
-            self._mode, self._opened, self._calls = "calls", True, 0
-            return True
-        keep = 0 if final else _partial_suffix(self._buf, (f.calls_begin,))
-        out.extend(self._text(self._buf[: len(self._buf) - keep]))
-        self._buf = self._buf[len(self._buf) - keep :]
-        return False
+        if not self._text_until(self._f.calls_begin, final, out):
+            return False
+        self._mode, self._opened, self._calls = "calls", True, 0
+        return True
 
     def _read_block(self, final: bool, out: list[Event]) -> bool:
         f = self._f
@@ -1174,7 +1165,6 @@ class DeepSeekV31Family:
         bare_turn_after: Token after which an assistant turn opens with nothing (tool results).
         end_of_turn: Token that ends an assistant turn.
         end_tokens: Tokens the model ends a turn with.
-        assistant: Token that opens an assistant turn after a user message.
         reasoning_open: Opens reasoning (in the generation prompt, with ``thinking``).
         reasoning_close: Closes reasoning.
         calls_begin: Opens a turn's block of calls.
@@ -1193,7 +1183,6 @@ class DeepSeekV31Family:
     bare_turn_after: tuple[str, ...] = ("<｜tool▁output▁end｜>",)
     end_of_turn: str = "<｜end▁of▁sentence｜>"
     end_tokens: tuple[str, ...] = ("<｜end▁of▁sentence｜>",)
-    assistant: str = "<｜Assistant｜>"
     reasoning_open: str = "<think>"
     reasoning_close: str = "</think>"
     calls_begin: str = "<｜tool▁calls▁begin｜>"
@@ -1214,7 +1203,7 @@ class DeepSeekV31Family:
         """The markers of this family that ``template`` lacks: its framing tokens and those of its calls."""
         markers = (
             self.message_start,
-            self.assistant,
+            self.assistant_header,
             self.calls_begin,
             self.call_begin,
             self.tool_sep,
@@ -1229,8 +1218,7 @@ class DeepSeekV31Family:
     def parser(self, generation_prompt: str, tools: Sequence[ToolSchema] = ()) -> DeepSeekV31Parser:
         """A parser for one completion that follows ``generation_prompt`` (reasoning when it
         opened ``<think>``; the arguments are JSON: ``tools`` are not needed)."""
-        opened = generation_prompt.rfind(self.reasoning_open)
-        return DeepSeekV31Parser(self, opened >= 0 and generation_prompt.find(self.reasoning_close, opened) < 0)
+        return DeepSeekV31Parser(self, _opens_reasoning(generation_prompt, self.reasoning_open, self.reasoning_close))
 
 
 #: Registry: family name → constructor (``auto`` tries them in this order).

@@ -427,7 +427,10 @@ class Splicer:
         for k in range(built.turns, len(order)):
             self._splice_turn(text, k, order[k], built)
         tail = text[built.pos :]
-        if self._prefill and tail.endswith(self._prefill):
+        # one decision: the prompt ends with the generation prompt (so with its prefill, which is
+        # then encoded on its own and becomes part of the committed turn), or it does not
+        opened = text.endswith(self._generation_prompt)
+        if opened and self._prefill:
             self._emit(tail[: len(tail) - len(self._prefill)], built)
             start = len(built.ids)
             built.ids.add(self._prefill_ids.ids, self._prefill_ids.packed)
@@ -438,7 +441,7 @@ class Splicer:
         self._memo = RenderMemo(
             order_ids, built.marks, prompt, built.reused, built.rendered, text, self._loop_cache.renders
         )
-        return prompt, list(built.reused), list(built.rendered), text.endswith(self._generation_prompt)
+        return prompt, list(built.reused), list(built.rendered), opened
 
     def _template_text(
         self, view: list[Message], turns: list[str | None], tool_dicts: list[dict[str, Any]]
