@@ -10,47 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tiny_serving import serve_and_recompute
+from tiny_serving import CONVERSATION, TOOLS, serve_and_recompute
 
 from openforge_core.chat_formats import GLM45_END_TOKENS, GLM45_SPECIAL_TOKENS, GLM45_TEMPLATE
 from openforge_inference.tiny_model import SIZES, build_tiny_model
 
 pytest.importorskip("torch", reason="needs torch (requirements/inference-cpu.txt)")
 pytest.importorskip("transformers", reason="needs transformers (requirements/inference-cpu.txt)")
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the weather.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
-
-CONVERSATION: list[dict[str, Any]] = [
-    {"role": "system", "content": "You are helpful."},
-    {"role": "user", "content": "Weather in Paris?"},
-    {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "id": "a",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}},
-            }
-        ],
-    },
-    {"role": "tool", "tool_call_id": "a", "content": "18C rain"},
-    {"role": "assistant", "content": "Paris: 18C."},
-    {"role": "user", "content": "Thanks!"},
-]
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,45 @@
-"""An engine serving a tiny model, checked against the model itself: the shared part of the
-tiny-model family tests (``test_tiny_<family>.py``)."""
+"""The shared part of the tiny-model family tests (``test_tiny_<family>.py``): a tool and a
+conversation that calls it (an integer argument included), and an engine serving a tiny model
+checked against the model itself."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the weather.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+CONVERSATION: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are helpful."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "a",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "a", "content": "18C rain"},
+    {"role": "assistant", "content": "Paris: 18C."},
+    {"role": "user", "content": "Thanks!"},
+]
 
 
 def serve_and_recompute(

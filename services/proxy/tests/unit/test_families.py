@@ -110,8 +110,9 @@ def _summary(events: list[Event]) -> tuple[str, list[tuple[str, str]]]:
     return text, calls
 
 
-def test_the_fake_llama3_model_dir_serves_as_a_llama3_model(tmp_path: Path) -> None:
-    model = build_fake_model_dir(tmp_path / "llama", template="llama3")
+def _fake_runtime(directory: Path, template: str) -> ModelRuntime:
+    """The proxy's runtime over a fake model directory of ``template`` (as inference describes it)."""
+    model = build_fake_model_dir(directory, template=template)
     source = (model / "chat_template.jinja").read_text()
     info = ModelInfo(
         model_path=str(model),
@@ -122,7 +123,11 @@ def test_the_fake_llama3_model_dir_serves_as_a_llama3_model(tmp_path: Path) -> N
         eos_token_ids=(json.loads((model / "config.json").read_text())["eos_token_id"],),
         context_length=8192,
     )
-    rt = ModelRuntime.load(info)
+    return ModelRuntime.load(info)
+
+
+def test_the_fake_llama3_model_dir_serves_as_a_llama3_model(tmp_path: Path) -> None:
+    rt = _fake_runtime(tmp_path / "llama", "llama3")
     assert isinstance(rt.family, Llama3Family)
     assert {rt.codec.decode([i]) for i in rt.eos_ids} == {"<|eot_id|>", "<|eom_id|>"}
     text = rt.template.render([{"role": "user", "content": "hi"}])
@@ -164,18 +169,7 @@ def test_text_before_the_first_brace_streams_before_the_call_is_decided() -> Non
 
 
 def test_the_fake_glm45_model_dir_serves_as_a_glm45_model(tmp_path: Path) -> None:
-    model = build_fake_model_dir(tmp_path / "glm", template="glm45")
-    source = (model / "chat_template.jinja").read_text()
-    info = ModelInfo(
-        model_path=str(model),
-        model_name="m",
-        chat_template=source,
-        chat_template_hash="sha256:" + hashlib.sha256(source.encode()).hexdigest(),
-        tokenizer_hash="sha256:" + hashlib.sha256((model / "tokenizer.json").read_bytes()).hexdigest(),
-        eos_token_ids=(json.loads((model / "config.json").read_text())["eos_token_id"],),
-        context_length=8192,
-    )
-    rt = ModelRuntime.load(info)
+    rt = _fake_runtime(tmp_path / "glm", "glm45")
     assert isinstance(rt.family, Glm45Family)
     assert {rt.codec.decode([i]) for i in rt.eos_ids} == {"<|user|>", "<|observation|>", "<|endoftext|>"}
     assert rt.generation_prompt == "<|assistant|>"
@@ -228,18 +222,7 @@ def test_glm45_a_call_with_no_name_or_no_end_is_text(text: str) -> None:
 
 
 def test_the_fake_mistral_model_dir_serves_as_a_mistral_model(tmp_path: Path) -> None:
-    model = build_fake_model_dir(tmp_path / "mistral", template="mistral")
-    source = (model / "chat_template.jinja").read_text()
-    info = ModelInfo(
-        model_path=str(model),
-        model_name="m",
-        chat_template=source,
-        chat_template_hash="sha256:" + hashlib.sha256(source.encode()).hexdigest(),
-        tokenizer_hash="sha256:" + hashlib.sha256((model / "tokenizer.json").read_bytes()).hexdigest(),
-        eos_token_ids=(json.loads((model / "config.json").read_text())["eos_token_id"],),
-        context_length=8192,
-    )
-    rt = ModelRuntime.load(info)
+    rt = _fake_runtime(tmp_path / "mistral", "mistral")
     assert isinstance(rt.family, MistralFamily)
     assert {rt.codec.decode([i]) for i in rt.eos_ids} == {"</s>"}
     assert rt.generation_prompt == ""
@@ -283,18 +266,7 @@ def test_mistral_a_call_that_is_not_valid_is_text(text: str) -> None:
 
 
 def test_the_fake_deepseek_v31_model_dir_serves_as_a_deepseek_v31_model(tmp_path: Path) -> None:
-    model = build_fake_model_dir(tmp_path / "deepseek", template="deepseek_v31")
-    source = (model / "chat_template.jinja").read_text()
-    info = ModelInfo(
-        model_path=str(model),
-        model_name="m",
-        chat_template=source,
-        chat_template_hash="sha256:" + hashlib.sha256(source.encode()).hexdigest(),
-        tokenizer_hash="sha256:" + hashlib.sha256((model / "tokenizer.json").read_bytes()).hexdigest(),
-        eos_token_ids=(json.loads((model / "config.json").read_text())["eos_token_id"],),
-        context_length=8192,
-    )
-    rt = ModelRuntime.load(info)
+    rt = _fake_runtime(tmp_path / "deepseek", "deepseek_v31")
     assert isinstance(rt.family, DeepSeekV31Family)
     assert {rt.codec.decode([i]) for i in rt.eos_ids} == {"<｜end▁of▁sentence｜>"}
     assert rt.generation_prompt == "<｜Assistant｜></think>"
